@@ -1,0 +1,42 @@
+"""shardscope: plan and simulate large-model training on GPU clusters.
+
+    >>> import shardscope
+    >>> est = shardscope.estimate("llama3.1-8b", gpu="H100", gpus=8, global_batch=32, seq_len=8192)
+    >>> est.memory.peak_gib, est.mfu
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shardscope.result import Estimate
+
+__version__ = "0.1.0"
+__all__ = ["Estimate", "estimate"]
+
+
+def estimate(
+    model: str | Path,
+    gpu: str = "H100",
+    gpus: int = 8,
+    *,
+    gpus_per_node: int | None = None,
+    cluster_file: str | Path | None = None,
+    **plan: object,
+) -> Estimate:
+    """Estimate one training step of `model` (catalog name or config.json path) on `gpus` GPUs.
+
+    Plan keywords are the fields of `shardscope.plan.Plan` (tp, pp, vpp, cp, dp, zero, fsdp, recompute,
+    micro_batch, global_batch, seq_len, ...); dp is derived when left out.
+    """
+    from shardscope.analytic.step import estimate_step
+    from shardscope.hardware.catalog import load_cluster_file, make_cluster
+    from shardscope.models.catalog import load_model
+    from shardscope.plan.plan import make_plan
+
+    spec = load_model(model)
+    if cluster_file is not None:
+        cluster = load_cluster_file(Path(cluster_file), gpus=gpus)
+    else:
+        cluster = make_cluster(gpu, gpus, gpus_per_node)
+    return estimate_step(spec, cluster, make_plan(spec, cluster, **plan))

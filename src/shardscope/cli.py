@@ -1,0 +1,129 @@
+"""The `shardscope` command: a thin Typer layer over the Python API.
+
+User errors (ShardscopeError) print one line on stderr and exit with status 2. Heavy modules load
+inside the commands, so `shardscope estimate --json` starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from shardscope.errors import ShardscopeError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Plan and simulate large-model training on GPU clusters: memory, step time, MFU.",
+)
+
+
+def _fail(msg: str) -> None:
+    sys.stderr.write(f"error: {msg}\n")
+    raise typer.Exit(2)
+
+
+@app.command()
+def estimate(
+    model: Annotated[str, typer.Argument(help="catalog name (see `shardscope models`) or path to a config.json")],
+    gpu: Annotated[str, typer.Option(help="GPU kind (see `shardscope gpus`)")] = "H100",
+    gpus: Annotated[int, typer.Option(help="total GPUs")] = 8,
+    gpus_per_node: Annotated[Optional[int], typer.Option(help="GPUs per node (default: the GPU's system)")] = None,
+    cluster: Annotated[Optional[Path], typer.Option(help="cluster description file (YAML/JSON)")] = None,
+    tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
+    pp: Annotated[int, typer.Option(help="pipeline-parallel degree")] = 1,
+    vpp: Annotated[int, typer.Option(help="virtual stages per pipeline rank (interleaved 1F1B)")] = 1,
+    cp: Annotated[int, typer.Option(help="context-parallel degree")] = 1,
+    cp_kind: Annotated[str, typer.Option(help="context parallel: ring | a2a")] = "ring",
+    dp: Annotated[Optional[int], typer.Option(help="data-parallel degree (default gpus/(tp·pp·cp))")] = None,
+    sequence_parallel: Annotated[bool, typer.Option(help="Megatron sequence parallel with TP")] = True,
+    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (Megatron-style state)")] = 0,
+    fsdp: Annotated[bool, typer.Option(help="PyTorch FSDP (full shard); see --shard-group, --reshard")] = False,
+    shard_group: Annotated[int, typer.Option(help="HSDP shard-group size (0 = all of dp)")] = 0,
+    reshard: Annotated[bool, typer.Option(help="FSDP reshard after forward")] = True,
+    recompute: Annotated[str, typer.Option(help="activation recompute: none | selective | full")] = "none",
+    recompute_layers: Annotated[int, typer.Option(help="full recompute for only this many layers per stage")] = 0,
+    micro_batch: Annotated[int, typer.Option(help="sequences per micro-batch per GPU")] = 1,
+    global_batch: Annotated[Optional[int], typer.Option(help="sequences per optimizer step")] = None,
+    seq_len: Annotated[int, typer.Option(help="sequence length in tokens")] = 4096,
+    precision: Annotated[str, typer.Option(help="bf16 | fp16")] = "bf16",
+    attention_kernel: Annotated[str, typer.Option(help="auto | fa2 | fa3 | cudnn")] = "auto",
+    tp_comm_overlap: Annotated[bool, typer.Option(help="overlap TP collectives with GEMMs")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Predict step time, throughput, MFU and per-GPU memory of one training plan."""
+    from shardscope import estimate as run_estimate
+
+    try:
+        dp_value = dp
+        if global_batch is None:
+            derived_dp = dp_value or max(gpus // (tp * pp * cp), 1)
+            global_batch = micro_batch * derived_dp * max(pp, 1)
+        result = run_estimate(
+            model, gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node, cluster_file=cluster,
+            tp=tp, pp=pp, vpp=vpp, cp=cp, cp_kind=cp_kind, dp=dp_value, sequence_parallel=sequence_parallel,
+            zero=zero, fsdp=fsdp, shard_group=shard_group, reshard_after_forward=reshard,
+            recompute=recompute, recompute_layers=recompute_layers, micro_batch=micro_batch,
+            global_batch=global_batch, seq_len=seq_len, precision=precision,
+            attention_kernel=attention_kernel, tp_comm_overlap=tp_comm_overlap,
+        )
+    except ShardscopeError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        return
+    from shardscope.report.console import print_estimate
+
+    print_estimate(result)
+
+
+@app.command()
+def models() -> None:
+    """List the catalog models."""
+    from shardscope.report.console import print_models
+
+    print_models()
+
+
+@app.command()
+def gpus() -> None:
+    """List the GPU catalog."""
+    from shardscope.report.console import print_gpus
+
+    print_gpus()
+
+
+@app.command()
+def validate(
+    file: Annotated[Path, typer.Argument(help="CSV with the schema of shared/validation/training_public.csv")],
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help="print the summary as a Markdown table")] = False,
+    rows: Annotated[bool, typer.Option("--rows/--no-rows", help="print every row")] = True,
+) -> None:
+    """Predict every row of a validation CSV and report the errors."""
+    from shardscope.validate.runner import run_validation
+
+    try:
+        report = run_validation(file)
+    except ShardscopeError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        return
+    from shardscope.report.validation import print_markdown, print_report
+
+    if markdown:
+        print_markdown(report)
+    else:
+        print_report(report, show_rows=rows)
+
+
+def main() -> None:  # pragma: no cover - entry point
+    app()

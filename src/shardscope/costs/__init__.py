@@ -1,0 +1,1 @@
+"""Cost models: compute (roofline x op-class efficiency), communication, memory."""

@@ -1,0 +1,34 @@
+"""Time of compute ops on one GPU: a roofline with op-class efficiencies (see `efficiency`)."""
+
+from __future__ import annotations
+
+from shardscope.costs.efficiency import HBM_FRACTION, KERNEL_GAP_S, attention_fraction, gemm_fraction
+from shardscope.graph.ops import Op
+from shardscope.hardware.catalog import GPU
+
+
+def memory_time_s(gpu: GPU, nbytes: float) -> float:
+    return nbytes / (gpu.hbm_gbps * 1e9 * HBM_FRACTION)
+
+
+def gemm_time_s(gpu: GPU, m: int, n: int, k: int, peak_tflops: float) -> float:
+    flops = 2.0 * m * n * k
+    compute = flops / (peak_tflops * 1e12 * gemm_fraction(gpu, m, n, k))
+    io = 2.0 * (m * k + k * n + m * n)
+    return max(compute, memory_time_s(gpu, io)) + KERNEL_GAP_S
+
+
+def op_time_s(gpu: GPU, op: Op, backward: bool, peak_tflops: float, kernel: str, seq_len: int) -> float:
+    """Forward or backward time of one op (backward of a GEMM = dgrad + wgrad GEMMs)."""
+    if op.kind == "gemm":
+        m, n, k = op.mnk
+        if not backward:
+            return gemm_time_s(gpu, m, n, k, peak_tflops)
+        return gemm_time_s(gpu, m, k, n, peak_tflops) + gemm_time_s(gpu, k, n, m, peak_tflops)
+    if op.kind == "attention":
+        flops = op.bwd_flops if backward else op.flops
+        frac = attention_fraction(gpu, kernel, seq_len, backward)
+        # Flash attention's compute runs at the BF16 rate even under FP8 GEMM recipes.
+        return max(flops / (gpu.bf16_tflops * 1e12 * frac), memory_time_s(gpu, op.bwd_bytes if backward else op.bytes)) + KERNEL_GAP_S
+    nbytes = op.bwd_bytes if backward else op.bytes
+    return memory_time_s(gpu, nbytes) + KERNEL_GAP_S

@@ -1,0 +1,89 @@
+"""Physical efficiencies of op classes: the fraction of a peak that real kernels reach.
+
+Every figure is a property of a kernel class on a GPU architecture (from published kernel benchmarks),
+never of a model or a validation row.
+"""
+
+from __future__ import annotations
+
+import math
+
+from shardscope.hardware.catalog import GPU
+
+# GEMM tile (M x N) that cuBLAS/CUTLASS pick for large BF16 GEMMs, per architecture: 128x256 warp-
+# specialised tiles on Hopper/Blackwell, 128x128 on Ampere and CDNA3 (CUTLASS default configurations).
+GEMM_TILE = {"ampere": (128, 128), "hopper": (128, 256), "blackwell": (128, 256), "cdna3": (128, 128)}
+# Per-tile fixed cost (prologue/epilogue) expressed as an equivalent K depth: a tile of depth K runs at
+# K/(K + K0) of the deep-K rate. K0 = 64 reproduces the ~3% gap between K=2048 and K=8192 seen in
+# mamf-finder scans (the measured MAMF shapes have K 1536-2816).
+GEMM_K0 = 64
+GEMM_K_REF = 2048  # the depth of the shapes behind `matmul_*_fraction`
+
+# Flash-attention kernels' fraction of dense BF16 peak at long sequence (head dim 128), forward and
+# backward, from the kernels' papers (boost-clock microbenchmarks, hence scaled by the GPU's
+# sustained/burst matmul ratio below):
+#  fa2 on A100: fwd up to 73%, bwd ~63% (Dao 2023, FlashAttention-2, Fig. 4-6).
+#  fa2 on H100: ~35% (Shah et al. 2024, FlashAttention-3, §1: "FA2 achieves only 35% utilization").
+#  fa3 / cuDNN on H100: fwd 740 TFLOPS = 75%, bwd 1.5-1.75x FA2 ≈ 50% (FlashAttention-3 Fig. 5-7).
+#  Blackwell cuDNN / FA4-class kernels: assumed at the Hopper FA3 fractions (no public kernel paper).
+#  CDNA3 CK flash attention: ~35% fwd, 25% bwd (ROCm blog figures, ~450 TFLOPS fwd on MI300X).
+ATTENTION_FRACTION: dict[tuple[str, str], tuple[float, float]] = {
+    ("ampere", "fa2"): (0.72, 0.62),
+    ("hopper", "fa2"): (0.35, 0.30),
+    ("hopper", "fa3"): (0.75, 0.50),
+    ("blackwell", "fa2"): (0.30, 0.25),
+    ("blackwell", "fa3"): (0.75, 0.50),
+    ("cdna3", "fa2"): (0.35, 0.25),
+}
+DEFAULT_ATTENTION_KERNEL = {"ampere": "fa2", "hopper": "fa3", "blackwell": "fa3", "cdna3": "fa2"}
+# Flash attention parallelises over (batch x heads x query blocks); short sequences leave the GPU
+# partly idle. Throughput vs sequence length in FA2/FA3 figures follows s/(s + S0) with S0 ≈ 512,
+# normalised to the 16k-sequence figures above.
+ATTENTION_S0 = 512
+ATTENTION_S_REF = 16384
+
+# Streaming kernels (norms, activations, adds, casts) reach ~85% of datasheet HBM bandwidth
+# (BabelStream triad on A100/H100 measures 0.85-0.9 of peak).
+HBM_FRACTION = 0.85
+# GPU-side gap between dependent kernels (launch latency + tail drain), ~2 us per kernel on current
+# NVIDIA GPUs when the CPU runs ahead (Nsight traces of eager PyTorch training steps).
+KERNEL_GAP_S = 2e-6
+
+# NCCL kernels occupy SMs while they overlap compute: NCCL's default of up to 16-32 channels on NVLink
+# / IB systems (one thread block per channel), plus HBM traffic. The compute that runs alongside an
+# overlapped collective is slowed by channels / SMs.
+NCCL_CHANNELS = 16
+
+
+def clock_ratio(gpu: GPU) -> float:
+    """Sustained (power-capped) over boost clock: scales burst kernel benchmarks to training."""
+    return gpu.matmul_sustained_fraction / gpu.matmul_burst_fraction
+
+
+def gemm_fraction(gpu: GPU, m: int, n: int, k: int) -> float:
+    """Fraction of peak a GEMM of (M, N, K) reaches: sustained large-GEMM fraction x tile and wave
+    quantization x K-depth efficiency. Large, aligned GEMMs get `matmul_sustained_fraction`."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return gpu.matmul_sustained_fraction
+    tm, tn = GEMM_TILE.get(gpu.arch, (128, 128))
+    tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
+    tiles = tiles_m * tiles_n
+    tile_fill = (m * n) / (tiles * tm * tn)
+    waves = math.ceil(tiles / gpu.sms)
+    wave_fill = tiles / (waves * gpu.sms)
+    depth = (k / (k + GEMM_K0)) / (GEMM_K_REF / (GEMM_K_REF + GEMM_K0))
+    return gpu.matmul_sustained_fraction * tile_fill * wave_fill * min(depth, 1.02)
+
+
+def attention_fraction(gpu: GPU, kernel: str, seq_len: int, backward: bool) -> float:
+    """Fraction of dense peak a flash-attention kernel sustains at this sequence length."""
+    if kernel == "auto" or kernel == "cudnn":
+        kernel = DEFAULT_ATTENTION_KERNEL.get(gpu.arch, "fa2") if kernel == "auto" else "fa3"
+    fwd, bwd = ATTENTION_FRACTION.get((gpu.arch, kernel), ATTENTION_FRACTION.get((gpu.arch, "fa2"), (0.35, 0.25)))
+    length = (seq_len / (seq_len + ATTENTION_S0)) / (ATTENTION_S_REF / (ATTENTION_S_REF + ATTENTION_S0))
+    return (bwd if backward else fwd) * clock_ratio(gpu) * length
+
+
+def overlap_slowdown(gpu: GPU) -> float:
+    """Fractional slowdown of compute while a collective overlaps it."""
+    return NCCL_CHANNELS / gpu.sms

@@ -1,0 +1,57 @@
+"""Typed nodes of the op graph: compute ops, saved activations, and the collectives a plan inserts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+OpKind = Literal["gemm", "attention", "memory"]
+CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+Group = Literal["tp", "cp", "dp", "pp"]
+Phase = Literal["fwd", "bwd"]
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One kernel of the forward pass on one GPU for one micro-batch, and what its backward costs.
+
+    `gemm`: `mnk` is the forward (M, N, K); backward is two GEMMs of the same FLOPs (dgrad, wgrad).
+    `attention`: flash attention; backward FLOPs are 2.5x forward (5 matmuls vs 2, Dao 2023).
+    `memory`: bandwidth-bound (norms, activations, rope, residual adds, casts, loss).
+    `cheap` ops are the ones the "selective" recompute policy recomputes instead of saving.
+    """
+
+    name: str
+    kind: OpKind
+    flops: float = 0.0
+    bytes: float = 0.0
+    bwd_flops: float = 0.0
+    bwd_bytes: float = 0.0
+    mnk: tuple[int, int, int] = (0, 0, 0)
+    cheap: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """An activation tensor kept from forward to backward, and the recompute policies that keep it."""
+
+    name: str
+    bytes: float
+    policies: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """A communication op on one GPU for one micro-batch.
+
+    `bytes` is the full buffer: the output of an all-gather, the input of a reduce-scatter, the buffer
+    of an all-reduce, the per-rank send of an all-to-all or send/recv. `hidden_by` names the compute
+    that can overlap it ("" = exposed on the critical path).
+    """
+
+    name: str
+    kind: CollectiveKind
+    group: Group
+    bytes: float
+    phase: Phase
+    hidden_by: Literal["", "attention", "gemm"] = ""

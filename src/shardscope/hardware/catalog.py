@@ -1,0 +1,166 @@
+"""GPU catalog (`gpus.yaml`, every figure with its source) and cluster descriptions.
+
+A cluster is `gpus` GPUs of one kind in nodes of `gpus_per_node`, joined by a scale-up domain (NVLink /
+Infinity Fabric, `scaleup_domain` GPUs) and a scale-out fabric (InfiniBand / RoCE, one NIC per GPU).
+Users describe their own in YAML or JSON (see `load_cluster_file`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from shardscope.errors import ShardscopeError, unknown_name
+
+# Per-message latency of one collective step (NCCL Simple protocol): NVLink hop and network hop.
+# Order of magnitude from nccl-tests small-message all-reduce times (~10 us intra-node on 8 GPUs, ~20-30
+# us across nodes, i.e. a few us per ring step). Only matters for small messages and many steps.
+SCALEUP_LATENCY_S = 3e-6
+SCALEOUT_LATENCY_S = 8e-6
+
+
+@dataclass(frozen=True, slots=True)
+class GPU:
+    name: str
+    arch: str
+    bf16_tflops: float
+    fp8_tflops: float | None
+    hbm_gib: float
+    hbm_gbps: float
+    sms: int
+    scaleup_gbps: float
+    scaleup_domain: int
+    scaleout_gbps: float
+    gpus_per_node: int
+    matmul_burst_fraction: float
+    matmul_sustained_fraction: float
+    aliases: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+    notes: str = ""
+
+    def peak_tflops(self, precision: str) -> float:
+        if precision == "fp8":
+            if self.fp8_tflops is None:
+                raise ShardscopeError(f"{self.name} has no FP8 tensor cores (use --precision bf16)")
+            return self.fp8_tflops
+        return self.bf16_tflops
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    gpu: GPU
+    gpus: int
+    gpus_per_node: int
+    scaleup_domain: int
+    scaleup_gbps: float
+    scaleout_gbps: float
+    scaleup_latency_s: float = SCALEUP_LATENCY_S
+    scaleout_latency_s: float = SCALEOUT_LATENCY_S
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.gpus // self.gpus_per_node)
+
+
+@cache
+def _gpu_table() -> dict[str, GPU]:
+    import yaml
+
+    raw = yaml.safe_load((resources.files("shardscope.hardware") / "gpus.yaml").read_text())
+    table = {}
+    for entry in raw["gpus"]:
+        entry = {**entry, "aliases": tuple(entry.get("aliases", ())), "sources": tuple(entry.get("sources", ()))}
+        gpu = GPU(**entry)
+        table[gpu.name] = gpu
+    return table
+
+
+def list_gpus() -> list[GPU]:
+    return list(_gpu_table().values())
+
+
+def load_gpu(name: str) -> GPU:
+    """A GPU by catalog name or alias, case-insensitive (`H100`, `a100-80gb`, `GB200`)."""
+    key = name.strip().lower()
+    for gpu in _gpu_table().values():
+        if key == gpu.name.lower() or key in gpu.aliases:
+            return gpu
+    raise unknown_name("GPU", name, list(_gpu_table()))
+
+
+def make_cluster(
+    gpu: GPU | str,
+    gpus: int,
+    gpus_per_node: int | None = None,
+    scaleout_gbps: float | None = None,
+) -> Cluster:
+    """A homogeneous cluster of `gpus` GPUs, with the GPU's default node and network unless overridden."""
+    if isinstance(gpu, str):
+        gpu = load_gpu(gpu)
+    if gpus <= 0:
+        raise ShardscopeError(f"--gpus must be positive, got {gpus}")
+    per_node = gpus_per_node or gpu.gpus_per_node
+    if per_node <= 0:
+        raise ShardscopeError(f"--gpus-per-node must be positive, got {per_node}")
+    if gpus > per_node and gpus % per_node:
+        raise ShardscopeError(f"--gpus {gpus} is not a multiple of --gpus-per-node {per_node}")
+    domain = max(gpu.scaleup_domain, per_node) if gpu.scaleup_domain > gpu.gpus_per_node else per_node
+    return Cluster(
+        gpu=gpu,
+        gpus=gpus,
+        gpus_per_node=per_node,
+        scaleup_domain=domain,
+        scaleup_gbps=gpu.scaleup_gbps,
+        scaleout_gbps=scaleout_gbps if scaleout_gbps is not None else gpu.scaleout_gbps,
+    )
+
+
+def load_cluster_file(path: Path, gpus: int | None = None) -> Cluster:
+    """Read a cluster description (YAML or JSON).
+
+    Example::
+
+        gpu: H100               # a catalog name, or a mapping with every GPU field to define a new one
+        gpus: 1024
+        gpus_per_node: 8
+        scaleup_domain: 8       # GPUs per NVLink domain
+        scaleup_gbps: 450       # per GPU per direction
+        scaleout_gbps: 50       # per GPU per direction (one 400 Gb/s NIC per GPU)
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ShardscopeError(f"cannot read cluster file {path}: {exc.strerror}") from None
+    try:
+        if str(path).endswith(".json"):
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:  # noqa: BLE001 - any parse error is the user's file
+        raise ShardscopeError(f"malformed cluster file {path}: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict) or "gpu" not in data:
+        raise ShardscopeError(f"cluster file {path} must be a mapping with at least a 'gpu' key")
+    gpu_field: Any = data["gpu"]
+    if isinstance(gpu_field, dict):
+        names = {f.name for f in fields(GPU)}
+        unknown = set(gpu_field) - names
+        if unknown:
+            raise ShardscopeError(f"cluster file {path}: unknown GPU fields {sorted(unknown)}")
+        try:
+            gpu = GPU(**{**gpu_field, "aliases": (), "sources": ("user",)})
+        except TypeError as exc:
+            raise ShardscopeError(f"cluster file {path}: incomplete GPU definition ({exc})") from None
+    else:
+        gpu = load_gpu(str(gpu_field))
+    total = gpus if gpus is not None else data.get("gpus")
+    if not isinstance(total, int):
+        raise ShardscopeError(f"cluster file {path}: 'gpus' must be an integer (or pass --gpus)")
+    cluster = make_cluster(gpu, total, data.get("gpus_per_node"), data.get("scaleout_gbps"))
+    overrides = {k: data[k] for k in ("scaleup_domain", "scaleup_gbps", "scaleup_latency_s", "scaleout_latency_s") if k in data}
+    return replace(cluster, **overrides)

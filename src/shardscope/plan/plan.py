@@ -1,0 +1,138 @@
+"""A training plan and its validation against a model and a cluster.
+
+Degrees follow Megatron's rank order, innermost first: TP, CP, DP, PP (`tp-cp-dp-pp`), so TP groups are
+contiguous GPUs (inside a node when tp <= gpus_per_node) and PP stages are the outermost split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from shardscope.errors import ShardscopeError
+from shardscope.hardware.catalog import Cluster
+from shardscope.models.spec import ModelSpec
+
+Recompute = Literal["none", "selective", "full"]
+Precision = Literal["bf16", "fp16"]
+AttentionKernel = Literal["auto", "fa2", "fa3", "cudnn"]
+RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How one training step is laid out on the cluster.
+
+    Sharding: `zero` 0 = DDP (Megatron-style: bf16 weights, fp32 grads, fp32 master + Adam), 1 = sharded
+    optimizer (Megatron distributed optimizer), 2 = + sharded grads, 3 = + sharded weights. `fsdp=True` is
+    PyTorch FSDP/FSDP2 FULL_SHARD (fp32 sharded master weights, bf16 all-gather), with `shard_group` < dp
+    for HSDP and `reshard_after_forward=False` for SHARD_GRAD_OP / ZeRO-2-like FSDP.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    cp: int = 1
+    dp: int = 1
+    sequence_parallel: bool = True
+    cp_kind: Literal["ring", "a2a"] = "ring"
+    zero: int = 0
+    fsdp: bool = False
+    shard_group: int = 0
+    reshard_after_forward: bool = True
+    recompute: Recompute = "none"
+    recompute_layers: int = 0
+    micro_batch: int = 1
+    global_batch: int = 1
+    seq_len: int = 2048
+    precision: Precision = "bf16"
+    attention_kernel: AttentionKernel = "auto"
+    tp_comm_overlap: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches per optimizer step per data-parallel rank."""
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def sp(self) -> bool:
+        """Sequence parallel is only meaningful with TP."""
+        return self.sequence_parallel and self.tp > 1
+
+    @property
+    def shard_size(self) -> int:
+        """GPUs over which sharded state (ZeRO/FSDP) is split."""
+        if self.zero == 0 and not self.fsdp:
+            return 1
+        return self.shard_group or self.dp
+
+    @property
+    def sharding_name(self) -> str:
+        if self.fsdp:
+            kind = "HSDP" if self.shard_size < self.dp else "FSDP"
+            return kind + ("" if self.reshard_after_forward else " (no reshard)")
+        return {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}[self.zero]
+
+    def recomputed_layers(self, stage_layers: int) -> int:
+        """Layers of a stage that run under full recompute (all of them unless `recompute_layers`)."""
+        if self.recompute != "full":
+            return 0
+        return min(self.recompute_layers, stage_layers) if self.recompute_layers else stage_layers
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or value <= 0:
+        raise ShardscopeError(f"{name} must be a positive integer, got {value!r}")
+
+
+def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
+    """Build and validate a plan; `dp` is derived as gpus / (tp·pp·cp) when left out (0/None)."""
+    kw = {k: v for k, v in kw.items() if v is not None}
+    dp = kw.pop("dp", 0) or 0
+    plan = Plan(**kw)
+    for name in ("tp", "pp", "vpp", "cp", "micro_batch", "global_batch", "seq_len"):
+        _positive(f"--{name.replace('_', '-')}", getattr(plan, name))
+    model_par = plan.tp * plan.pp * plan.cp
+    if cluster.gpus % model_par:
+        raise ShardscopeError(f"--gpus {cluster.gpus} is not divisible by tp·pp·cp = {model_par}")
+    if not dp:
+        dp = cluster.gpus // model_par
+    plan = replace(plan, dp=dp)
+    if plan.gpus != cluster.gpus:
+        raise ShardscopeError(
+            f"tp·pp·cp·dp = {plan.tp}·{plan.pp}·{plan.cp}·{dp} = {plan.gpus} does not equal --gpus {cluster.gpus}"
+        )
+    if plan.zero not in (0, 1, 2, 3):
+        raise ShardscopeError(f"--zero must be 0, 1, 2 or 3, got {plan.zero}")
+    if plan.recompute not in RECOMPUTE_POLICIES:
+        raise ShardscopeError(f"--recompute must be one of {', '.join(RECOMPUTE_POLICIES)}, got {plan.recompute!r}")
+    for what, size in (("attention heads", model.heads), ("KV heads", model.kv_heads), ("FFN size", model.ffn_hidden)):
+        if size % plan.tp:
+            raise ShardscopeError(f"--tp {plan.tp} does not divide the {what} of {model.name} ({size})")
+    if plan.vpp > 1 and plan.pp == 1:
+        raise ShardscopeError("--vpp > 1 (interleaved schedule) needs --pp > 1")
+    stages = plan.pp * plan.vpp
+    if model.layers % stages:
+        raise ShardscopeError(
+            f"pp·vpp = {stages} does not divide the {model.layers} layers of {model.name}"
+        )
+    if plan.seq_len % plan.cp:
+        raise ShardscopeError(f"--cp {plan.cp} does not divide --seq-len {plan.seq_len}")
+    if plan.global_batch % (plan.micro_batch * dp):
+        raise ShardscopeError(
+            f"--global-batch {plan.global_batch} is not divisible by micro-batch × dp = "
+            f"{plan.micro_batch}×{dp} = {plan.micro_batch * dp}"
+        )
+    if plan.shard_group and (plan.shard_group <= 0 or dp % plan.shard_group):
+        raise ShardscopeError(f"--shard-group {plan.shard_group} must divide dp = {dp}")
+    if plan.recompute_layers < 0:
+        raise ShardscopeError(f"--recompute-layers must be >= 0, got {plan.recompute_layers}")
+    if plan.precision not in ("bf16", "fp16"):
+        raise ShardscopeError(f"--precision must be bf16 or fp16 (fp8 is not modelled yet), got {plan.precision!r}")
+    if plan.fsdp and plan.zero not in (0, 3):
+        raise ShardscopeError("--fsdp already means fully sharded; do not combine it with --zero 1/2")
+    return plan

@@ -1,0 +1,1 @@
+"""Human-readable and machine-readable reports of estimates and validations."""

@@ -1,0 +1,82 @@
+"""Rich tables for estimates and catalogs."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from shardscope.result import Estimate
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f} ms" if seconds < 1 else f"{seconds:,.3f} s"
+
+
+def print_estimate(est: Estimate, console: Console | None = None) -> None:
+    console = console or Console()
+    p = est.plan
+    mem, t = est.memory, est.time
+    head = (
+        f"[bold]{est.model}[/] on {est.gpus}× {est.gpu} — TP{p['tp']} PP{p['pp']}"
+        f"{'×' + str(p['vpp']) if p['vpp'] > 1 else ''} CP{p['cp']} DP{p['dp']} {p['sharding']}, "
+        f"recompute {p['recompute']}, micro-batch {p['micro_batch']} × {p['grad_accum']} accum, "
+        f"global batch {p['global_batch']} × {p['seq_len']} tokens"
+    )
+    console.print(head)
+    perf = Table(title="Throughput", show_header=False, title_justify="left")
+    perf.add_row("step time", _fmt_s(est.step_time_s))
+    perf.add_row("tokens/s/GPU", f"{est.tokens_per_s_per_gpu:,.0f}")
+    perf.add_row("model TFLOP/s/GPU", f"{est.model_tflops_per_gpu:,.1f}")
+    perf.add_row("MFU / HFU", f"{est.mfu:.1%} / {est.hfu:.1%}")
+    perf.add_row("parameters", f"{est.params.total / 1e9:,.3f} B ({est.params.per_gpu / 1e9:,.3f} B per GPU)")
+    console.print(perf)
+    tt = Table(title="Where the step goes", title_justify="left")
+    tt.add_column("part")
+    tt.add_column("time", justify="right")
+    tt.add_column("share", justify="right")
+    for name, value in (("compute", t.compute_s), ("  of which recompute", t.recompute_s),
+                        ("exposed communication", t.exposed_comm_s), ("pipeline bubble", t.bubble_s),
+                        ("optimizer", t.optimizer_s)):
+        tt.add_row(name, _fmt_s(value), f"{value / est.step_time_s:.1%}")
+    console.print(tt)
+    mt = Table(title=f"Memory per GPU (stage {mem.stage}, most loaded)", title_justify="left")
+    mt.add_column("part")
+    mt.add_column("GiB", justify="right")
+    for name, value in (("parameters", mem.params_gib), ("gradients", mem.grads_gib),
+                        ("optimizer states", mem.optimizer_gib), ("activations", mem.activations_gib),
+                        ("buffers", mem.buffers_gib), ("peak allocated", mem.peak_gib),
+                        ("+ context & fragmentation", mem.overhead_gib)):
+        mt.add_row(name, f"{value:,.2f}")
+    verdict = "[green]fits[/]" if est.fits else "[red]does NOT fit[/]"
+    mt.add_row("[bold]required[/]", f"[bold]{mem.required_gib:,.2f}[/] of {mem.capacity_gib:,.1f} — {verdict}")
+    console.print(mt)
+    for w in est.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+
+
+def print_models(console: Console | None = None) -> None:
+    from shardscope.models.catalog import list_models, load_model
+
+    console = console or Console()
+    table = Table(title="Model catalog")
+    for col in ("name", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "mlp"):
+        table.add_column(col, justify="left" if col in ("name", "mlp") else "right")
+    for name in list_models():
+        m = load_model(name)
+        table.add_row(name, f"{m.params_total / 1e9:,.2f} B", str(m.layers), str(m.hidden),
+                      f"{m.heads}/{m.kv_heads}", str(m.ffn_hidden), str(m.vocab), m.mlp)
+    console.print(table)
+
+
+def print_gpus(console: Console | None = None) -> None:
+    from shardscope.hardware.catalog import list_gpus
+
+    console = console or Console()
+    table = Table(title="GPU catalog (dense TFLOP/s; GB/s per GPU per direction)")
+    for col in ("name", "BF16", "FP8", "HBM GiB", "HBM GB/s", "NVLink GB/s", "domain", "NIC GB/s", "sustained"):
+        table.add_column(col, justify="left" if col == "name" else "right")
+    for g in list_gpus():
+        table.add_row(g.name, f"{g.bf16_tflops:g}", f"{g.fp8_tflops:g}" if g.fp8_tflops else "-",
+                      f"{g.hbm_gib:g}", f"{g.hbm_gbps:g}", f"{g.scaleup_gbps:g}", str(g.scaleup_domain),
+                      f"{g.scaleout_gbps:g}", f"{g.matmul_sustained_fraction:.0%}")
+    console.print(table)

@@ -1,0 +1,1 @@
+"""Validation against published measured runs (CSV rows → predicted vs measured)."""
