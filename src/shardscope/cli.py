@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -33,14 +33,14 @@ def estimate(
     model: Annotated[str, typer.Argument(help="catalog name (see `shardscope models`) or path to a config.json")],
     gpu: Annotated[str, typer.Option(help="GPU kind (see `shardscope gpus`)")] = "H100",
     gpus: Annotated[int, typer.Option(help="total GPUs")] = 8,
-    gpus_per_node: Annotated[Optional[int], typer.Option(help="GPUs per node (default: the GPU's system)")] = None,
-    cluster: Annotated[Optional[Path], typer.Option(help="cluster description file (YAML/JSON)")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option(help="GPUs per node (default: the GPU's system)")] = None,
+    cluster: Annotated[Path | None, typer.Option(help="cluster description file (YAML/JSON)")] = None,
     tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
     pp: Annotated[int, typer.Option(help="pipeline-parallel degree")] = 1,
     vpp: Annotated[int, typer.Option(help="virtual stages per pipeline rank (interleaved 1F1B)")] = 1,
     cp: Annotated[int, typer.Option(help="context-parallel degree")] = 1,
     cp_kind: Annotated[str, typer.Option(help="context parallel: ring | a2a")] = "ring",
-    dp: Annotated[Optional[int], typer.Option(help="data-parallel degree (default gpus/(tp·pp·cp))")] = None,
+    dp: Annotated[int | None, typer.Option(help="data-parallel degree (default gpus/(tp·pp·cp))")] = None,
     sequence_parallel: Annotated[bool, typer.Option(help="Megatron sequence parallel with TP")] = True,
     zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (Megatron-style state)")] = 0,
     fsdp: Annotated[bool, typer.Option(help="PyTorch FSDP (full shard); see --shard-group, --reshard")] = False,
@@ -49,7 +49,7 @@ def estimate(
     recompute: Annotated[str, typer.Option(help="activation recompute: none | selective | full")] = "none",
     recompute_layers: Annotated[int, typer.Option(help="full recompute for only this many layers per stage")] = 0,
     micro_batch: Annotated[int, typer.Option(help="sequences per micro-batch per GPU")] = 1,
-    global_batch: Annotated[Optional[int], typer.Option(help="sequences per optimizer step")] = None,
+    global_batch: Annotated[int | None, typer.Option(help="sequences per optimizer step")] = None,
     seq_len: Annotated[int, typer.Option(help="sequence length in tokens")] = 4096,
     precision: Annotated[str, typer.Option(help="bf16 | fp16")] = "bf16",
     attention_kernel: Annotated[str, typer.Option(help="auto | fa2 | fa3 | cudnn")] = "auto",

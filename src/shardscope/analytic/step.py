@@ -22,7 +22,7 @@ from shardscope.costs.memory import (
     model_state_bytes,
     stage_params_local,
 )
-from shardscope.graph.build import BF16, FP32, OpGroup, StageGraph, build_stage_graph
+from shardscope.graph.build import BF16, FP32, OpGroup, build_stage_graph
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan
@@ -107,6 +107,17 @@ def _recompute_s(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, fw
     return 0.0
 
 
+def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Model FLOPs per token (forward + backward = 3x forward, no recompute): every weight multiply
+    (2 FLOPs per weight per token, output layer included, embedding lookups excluded) and causal
+    attention (QK^T and PV over (s+1)/2 keys on average: 2·2·q_dim·(s+1)/2 per layer)."""
+    layer_weights = model.hidden * (model.q_dim + 2 * model.kv_dim) + model.q_dim * model.hidden
+    layer_weights += (3 if model.mlp == "swiglu" else 2) * model.hidden * model.ffn_hidden
+    fwd = 2.0 * (model.layers * layer_weights + model.vocab * model.hidden)
+    fwd += model.layers * 2.0 * model.q_dim * (seq_len + 1)
+    return 3.0 * fwd
+
+
 def _fwd_flops(unit: OpGroup) -> float:
     return sum(op.flops for op in unit.ops)
 
@@ -117,7 +128,7 @@ def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
     groups = place_groups(cluster, plan)
     slow = overlap_slowdown(gpu)
     m = plan.grad_accum
-    stage_layers = model.layers // plan.pp
+    stage_layers = plan.stage_layers(model.layers)
 
     # ---- one layer, one micro-batch --------------------------------------------------------------
     lf = _phase_cost(cluster, plan, groups, graph.layer, backward=False)
@@ -126,20 +137,20 @@ def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
     rec_layers = plan.recomputed_layers(stage_layers) if plan.recompute == "full" else (
         stage_layers if plan.recompute == "selective" else 0)
 
-    # FSDP / ZeRO-3: per layer all-gather (fwd, and bwd if resharded) and gradient reduce-scatter,
-    # prefetched under the neighbouring layer's compute.
-    fsdp_exposed_mb = fsdp_hidden_mb = fsdp_total_mb = 0.0
-    if (plan.fsdp or plan.zero == 3) and plan.shard_size > 1:
+    # FSDP / ZeRO-3 (reshard after forward): every micro-batch all-gathers each layer in forward and
+    # again in backward and reduce-scatters its gradient, prefetched under the neighbouring layer's
+    # compute. Without resharding (ZeRO-2-like FSDP) weights stay gathered across the step's
+    # micro-batches: one gather and one reduce-scatter per step, handled with the DP traffic below.
+    per_microbatch_sharding = (plan.fsdp or plan.zero == 3) and plan.reshard_after_forward
+    fsdp_exposed_mb = fsdp_hidden_mb = 0.0
+    if per_microbatch_sharding and plan.shard_size > 1:
         layer_local = layer_params_local(model, plan.tp)
         ag = collective_time_s(cluster, "all_gather", BF16 * layer_local, groups.shard)
         rs = collective_time_s(cluster, "reduce_scatter", GRAD_REDUCE_BYTES * layer_local, groups.shard)
-        bwd_comm = rs + (ag if plan.reshard_after_forward else 0.0)
-        fwd_window = lf.compute_s
-        bwd_window = lb.compute_s + l_rec
-        per_layer_exposed = max(0.0, ag - fwd_window) + max(0.0, bwd_comm - bwd_window)
+        bwd_comm = rs + ag
+        per_layer_exposed = max(0.0, ag - lf.compute_s) + max(0.0, bwd_comm - (lb.compute_s + l_rec))
         fsdp_exposed_mb = stage_layers * per_layer_exposed + ag  # the first gather has nothing to hide under
-        fsdp_total_mb = stage_layers * (ag + bwd_comm)
-        fsdp_hidden_mb = fsdp_total_mb - fsdp_exposed_mb + ag
+        fsdp_hidden_mb = stage_layers * (ag + bwd_comm) - fsdp_exposed_mb + ag
 
     # ---- stages ----------------------------------------------------------------------------------
     ef = _phase_cost(cluster, plan, groups, graph.embedding, backward=False)
@@ -179,19 +190,23 @@ def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
     # ---- data-parallel gradient reduction and parameter gather (non-FSDP) ------------------------
     params_stage = max(stage_params_local(model, plan, s) for s in stages)
     dp_exposed = dp_total = 0.0
-    if not (plan.fsdp or plan.zero == 3) and plan.dp > 1:
-        kind = "all_reduce" if plan.zero == 0 else "reduce_scatter"
-        grad = collective_time_s(cluster, kind, GRAD_REDUCE_BYTES * params_stage, groups.dp)
+    if not per_microbatch_sharding and plan.dp > 1:
+        # Once per step: gradients reduced (all-reduce for DDP, reduce-scatter when sharded) under the
+        # last micro-batch's backward (bucketed, Megatron overlap_grad_reduce), and sharded weights
+        # gathered back under the next step's first forward (overlap_param_gather).
+        sharded = plan.zero >= 1 or plan.fsdp
+        group = groups.shard if sharded else groups.dp
+        kind = "reduce_scatter" if sharded else "all_reduce"
+        grad = collective_time_s(cluster, kind, GRAD_REDUCE_BYTES * params_stage, group)
         last_bucket = grad / max(stage_layers, 1)
-        bwd_window = stage_layers * (lb.compute_s) + rec_layers * l_rec
+        bwd_window = stage_layers * lb.compute_s + rec_layers * l_rec
         dp_exposed += max(0.0, grad - bwd_window) + last_bucket
         dp_total += grad
-        if plan.zero >= 1:  # updated bf16 weights gathered back, overlapped with the next forward
-            gather = collective_time_s(cluster, "all_gather", BF16 * params_stage, groups.dp)
+        if sharded:
+            gather = collective_time_s(cluster, "all_gather", BF16 * params_stage, group)
             dp_exposed += max(0.0, gather - stage_layers * lf.compute_s) + gather / max(stage_layers, 1)
             dp_total += gather
-        compute_mb_extra = (dp_total - dp_exposed) * slow / max(m, 1)
-        compute_mb += max(compute_mb_extra, 0.0)
+        compute_mb += max(dp_total - dp_exposed, 0.0) * slow / max(m, 1)
     if (plan.fsdp or plan.zero == 3) and plan.shard_size < plan.dp:  # HSDP: all-reduce across replicas
         rep = collective_time_s(cluster, "all_reduce", GRAD_REDUCE_BYTES * params_stage / plan.shard_size,
                                 groups.replicate)
@@ -207,19 +222,16 @@ def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
     step = compute_s + exposed_s + bubble + optimizer_s
 
     # ---- FLOPs -----------------------------------------------------------------------------------
-    mb_per_step = plan.global_batch // plan.micro_batch  # micro-batches over the whole DP group
-    group_scale = plan.tp * plan.cp  # per-GPU graph FLOPs x GPUs sharing a micro-batch's layer
-    layer_fwd = _fwd_flops(graph.layer) * group_scale
-    head_fwd = _fwd_flops(graph.head) * plan.tp * plan.cp
-    model_fwd_per_mb = model.layers * layer_fwd + head_fwd
-    model_flops = 3.0 * model_fwd_per_mb * mb_per_step
+    tokens = plan.global_batch * plan.seq_len
+    model_flops = tokens * model_flops_per_token(model, plan.seq_len)
     recompute_flops = 0.0
     if plan.recompute == "full":
+        layer_fwd = _fwd_flops(graph.layer) * plan.tp * plan.cp  # as executed (a layer's whole TP/CP group)
+        mb_per_step = plan.global_batch // plan.micro_batch
         recompute_flops = layer_fwd * plan.recomputed_layers(stage_layers) * plan.pp * mb_per_step
     hardware_flops = model_flops + recompute_flops
     peak = gpu.peak_tflops(plan.precision) * 1e12
 
-    tokens = plan.global_batch * plan.seq_len
     mtflops = model_flops / step / plan.gpus / 1e12
 
     # ---- memory ----------------------------------------------------------------------------------

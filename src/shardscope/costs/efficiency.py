@@ -77,7 +77,7 @@ def gemm_fraction(gpu: GPU, m: int, n: int, k: int) -> float:
 
 def attention_fraction(gpu: GPU, kernel: str, seq_len: int, backward: bool) -> float:
     """Fraction of dense peak a flash-attention kernel sustains at this sequence length."""
-    if kernel == "auto" or kernel == "cudnn":
+    if kernel in ("auto", "cudnn", "unfused"):
         kernel = DEFAULT_ATTENTION_KERNEL.get(gpu.arch, "fa2") if kernel == "auto" else "fa3"
     fwd, bwd = ATTENTION_FRACTION.get((gpu.arch, kernel), ATTENTION_FRACTION.get((gpu.arch, "fa2"), (0.35, 0.25)))
     length = (seq_len / (seq_len + ATTENTION_S0)) / (ATTENTION_S_REF / (ATTENTION_S_REF + ATTENTION_S0))

@@ -50,7 +50,7 @@ def layer_params_local(model: ModelSpec, tp: int) -> float:
 
 def stage_params_local(model: ModelSpec, plan: Plan, stage: int) -> float:
     """Parameters held by one GPU of pipeline stage `stage` (TP-sharded, before ZeRO/FSDP)."""
-    n = model.layers / plan.pp * layer_params_local(model, plan.tp)
+    n = plan.stage_layers(model.layers) * layer_params_local(model, plan.tp)
     vocab_rows = model.vocab * model.hidden / plan.tp
     if stage == 0:
         n += vocab_rows + model.pos_embedding_rows * model.hidden
@@ -96,8 +96,8 @@ def inflight_chunks(plan: Plan, stage: int) -> tuple[int, float]:
 def activation_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int) -> tuple[float, float, int]:
     """(saved activations at the peak, backward working set, in-flight micro-batches) on `stage`."""
     chunks, layer_frac = inflight_chunks(plan, stage)
-    stage_layers = model.layers // plan.pp
-    chunk_layers = model.layers * layer_frac
+    stage_layers = plan.stage_layers(model.layers)
+    chunk_layers = stage_layers / plan.vpp if plan.pp > 1 else stage_layers
     per_layer = {p: graph.layer.saved_bytes(p) for p in ("none", "selective", "full")}
     if plan.recompute == "full":
         full_layers = plan.recomputed_layers(stage_layers)
@@ -124,7 +124,7 @@ def buffer_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int) ->
     """Transient buffers alive at the peak besides activations."""
     buf = 0.0
     layer_local = layer_params_local(model, plan.tp)
-    if plan.fsdp or plan.zero == 3:
+    if (plan.fsdp or plan.zero == 3) and plan.shard_size > 1:
         # Current + prefetched gathered layer (bf16) and an unsharded fp32 gradient being reduce-scattered.
         buf += 2 * BF16 * layer_local + FP32 * layer_local
         if not plan.reshard_after_forward:

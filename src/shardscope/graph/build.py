@@ -98,18 +98,22 @@ def layer_group(model: ModelSpec, plan: Plan) -> OpGroup:
     if model.position == "rope":
         qk = BF16 * t * (q + kv)
         ops.append(Op("rope", "memory", bytes=2 * qk, bwd_bytes=2 * qk, cheap=True))
-    # Causal flash attention: each query attends to (s+1)/2 keys on average; CP ranks split it evenly
-    # (load-balanced chunking). fwd = 2 matmuls (QK^T, PV) of 2·q·k·d FLOPs each.
-    attn_flops = 4.0 * plan.micro_batch * nh * hd * s * (s + 1) / 2 / plan.cp
-    attn_io = BF16 * t * (2 * q + 2 * kv)
-    ops.append(
-        Op("attention", "attention", flops=attn_flops, bytes=attn_io, bwd_flops=2.5 * attn_flops, bwd_bytes=2 * attn_io)
-    )
-    saved += [
-        Saved("q, k, v", BF16 * t * (q + 2 * kv), NOT_FULL),
-        Saved("attention out", BF16 * t * q, NOT_FULL),
-        Saved("attention logsumexp", FP32 * t * nh, NOT_FULL),
-    ]
+    saved.append(Saved("q, k, v", BF16 * t * (q + 2 * kv), NOT_FULL))
+    if plan.attention_kernel == "unfused":
+        ops_, saved_ = _unfused_attention(plan, nh, hd)
+        ops += ops_
+        saved += saved_
+    else:
+        # Causal flash attention: each query attends to (s+1)/2 keys on average; CP ranks split it
+        # evenly (load-balanced chunking). fwd = 2 matmuls (QK^T, PV) of 2·q·k·d FLOPs each. Kernels that
+        # take the causal mask as an additive bias (llm-foundry's triton ALiBi path) visit every block.
+        keys = (s + 1) / 2 if plan.causal_block_skip else s
+        attn_flops = 4.0 * plan.micro_batch * nh * hd * s * keys / plan.cp
+        attn_io = BF16 * t * (2 * q + 2 * kv)
+        ops.append(Op("attention", "attention", flops=attn_flops, bytes=attn_io, bwd_flops=2.5 * attn_flops,
+                      bwd_bytes=2 * attn_io))
+        saved.append(Saved("attention logsumexp", FP32 * t * nh, NOT_FULL))
+    saved.append(Saved("attention out", BF16 * t * q, NOT_FULL))
     ops.append(_gemm("out proj", t, h, q))
     ops.append(_residual("attn residual add", model, t_sp))
     saved.append(Saved("attn residual (mlp norm input)", BF16 * t_sp * h, NOT_FULL))
@@ -137,6 +141,22 @@ def layer_group(model: ModelSpec, plan: Plan) -> OpGroup:
     saved.append(Saved("down proj out", BF16 * t_sp * h, SELECTIVE_ONLY))
 
     return OpGroup(tuple(ops), tuple(saved), tuple(_layer_comms(model, plan, t, q, kv)))
+
+
+def _unfused_attention(plan: Plan, nh: int, hd: int) -> tuple[list[Op], list[Saved]]:
+    """Attention before FlashAttention (Megatron 2021): batched QK^T and PV GEMMs over the full s x s
+    score matrix (masking does not skip work), a fused scale-mask-softmax and attention dropout.
+    Saved per layer: softmax output (2 B), dropout mask (1 B) and dropout output (2 B) per score —
+    the 5·a·s² term of Korthikanti et al. 2022, Eq. 2; selective recompute drops it."""
+    b, s = plan.micro_batch, plan.seq_len
+    scores = b * nh * s * s
+    ops = [
+        _gemm("attention scores (QK^T)", b * nh * s, s, hd),
+        Op("softmax + dropout", "memory", bytes=9 * scores, bwd_bytes=11 * scores, cheap=True),
+        _gemm("attention values (PV)", b * nh * s, hd, s),
+    ]
+    saved = [Saved("softmax out, dropout mask and out", 5 * scores, NONE_ONLY)]
+    return ops, saved
 
 
 def _layer_comms(model: ModelSpec, plan: Plan, t: int, q: int, kv: int) -> list[Collective]:

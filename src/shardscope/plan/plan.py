@@ -15,7 +15,7 @@ from shardscope.models.spec import ModelSpec
 
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16"]
-AttentionKernel = Literal["auto", "fa2", "fa3", "cudnn"]
+AttentionKernel = Literal["auto", "fa2", "fa3", "cudnn", "unfused"]
 RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
 
 
@@ -48,6 +48,13 @@ class Plan:
     precision: Precision = "bf16"
     attention_kernel: AttentionKernel = "auto"
     tp_comm_overlap: bool = False
+    causal_block_skip: bool = True
+
+
+    def stage_layers(self, layers: int) -> int:
+        """Layers on the most-loaded pipeline rank: ceil(L / (pp·vpp)) per model chunk, as Megatron's
+        uneven first/last-stage layouts (and Llama 3's 126 layers on 16 stages) leave it."""
+        return -(-layers // (self.pp * self.vpp)) * self.vpp
 
     @property
     def gpus(self) -> int:
@@ -116,10 +123,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
     if plan.vpp > 1 and plan.pp == 1:
         raise ShardscopeError("--vpp > 1 (interleaved schedule) needs --pp > 1")
     stages = plan.pp * plan.vpp
-    if model.layers % stages:
-        raise ShardscopeError(
-            f"pp·vpp = {stages} does not divide the {model.layers} layers of {model.name}"
-        )
+    if model.layers < stages:
+        raise ShardscopeError(f"pp·vpp = {stages} exceeds the {model.layers} layers of {model.name}")
     if plan.seq_len % plan.cp:
         raise ShardscopeError(f"--cp {plan.cp} does not divide --seq-len {plan.seq_len}")
     if plan.global_batch % (plan.micro_batch * dp):
@@ -133,6 +138,12 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         raise ShardscopeError(f"--recompute-layers must be >= 0, got {plan.recompute_layers}")
     if plan.precision not in ("bf16", "fp16"):
         raise ShardscopeError(f"--precision must be bf16 or fp16 (fp8 is not modelled yet), got {plan.precision!r}")
+    if plan.attention_kernel not in ("auto", "fa2", "fa3", "cudnn", "unfused"):
+        raise ShardscopeError(
+            f"--attention-kernel must be auto, fa2, fa3, cudnn or unfused, got {plan.attention_kernel!r}"
+        )
+    if plan.attention_kernel == "unfused" and plan.cp > 1:
+        raise ShardscopeError("context parallelism needs a flash-attention kernel (not --attention-kernel unfused)")
     if plan.fsdp and plan.zero not in (0, 3):
         raise ShardscopeError("--fsdp already means fully sharded; do not combine it with --zero 1/2")
     return plan

@@ -34,20 +34,20 @@ def flops_per_step(defn: str, model: ModelSpec, est: Estimate, notes: str, sourc
     s = est.plan["seq_len"]
     b = est.plan["global_batch"]
     tokens = b * s
-    l, h, v = model.layers, model.hidden, model.vocab
+    n_layers, h, v = model.layers, model.hidden, model.vocab
     if defn == "megatron2021_eq3":
-        return 96.0 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+        return 96.0 * b * s * n_layers * h * h * (1 + s / (6 * h) + v / (16 * n_layers * h))
     if defn == "mosaic_6n_attn":
         match = re.search(r"NumParams=(\d+)", notes)
         n = int(match.group(1)) if match else model.params_total
-        return b * (6.0 * n * s + 3.0 * l * 2 * 2 * h * s * s)
+        return b * (6.0 * n * s + 3.0 * n_layers * 2 * 2 * h * s * s)
     if defn == "palm":
-        return tokens * (6.0 * model.params_total + 12.0 * l * model.heads * model.head_dim * s)
+        return tokens * (6.0 * model.params_total + 12.0 * n_layers * model.heads * model.head_dim * s)
     if defn == "megatron_bridge":
         causal = 1.0 if source == "NEMO_2407_PERF" else 0.5
         q_ratio = model.q_dim / h
         gated = 1.5 if model.mlp == "swiglu" else 1.0
-        per_token = 12.0 * l * h * h * (
+        per_token = 12.0 * n_layers * h * h * (
             (1 + model.kv_heads / model.heads + s / h * causal) * q_ratio + model.ffn_hidden / h * gated
         ) + 6.0 * h * v
         return tokens * per_token

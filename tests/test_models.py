@@ -1,0 +1,67 @@
+import json
+
+import pytest
+
+from shardscope.errors import ShardscopeError
+from shardscope.models.catalog import catalog_sources, list_models, load_model
+from shardscope.models.hf import model_from_hf_config
+
+REQUIRED = ["llama2-7b", "llama2-13b", "llama2-70b", "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "qwen2.5-7b",
+            "qwen2.5-72b", "qwen3-8b", "qwen3-32b", "mistral-7b", "mpt-7b", "mpt-30b", "gpt3-175b"]
+
+
+def test_catalog_has_required_models():
+    assert set(REQUIRED) <= set(list_models())
+    assert sum(n.startswith("megatron-gpt-") for n in list_models()) == 10
+
+
+@pytest.mark.parametrize("name", [n for n, s in catalog_sources().items() if s.get("params_total")])
+def test_exact_parameter_count_matches_checkpoint(name):
+    """Counts of the real checkpoints' tensors (safetensors totals / model cards; see SOURCES.json)."""
+    assert load_model(name).params_total == catalog_sources()[name]["params_total"]
+
+
+@pytest.mark.parametrize("name,billions", [("1.7b", 1.7), ("3.6b", 3.6), ("7.5b", 7.5), ("18.4b", 18.4),
+                                           ("39.1b", 39.1), ("76.1b", 76.1), ("145.6b", 145.6),
+                                           ("310.1b", 310.1), ("529.6b", 529.6), ("1t", 1008.0)])
+def test_megatron_table1_sizes(name, billions):
+    """Narayanan et al. 2021 Table 1 prints each size to 0.1 B."""
+    assert round(load_model(f"megatron-gpt-{name}").params_total / 1e9, 1) == pytest.approx(billions, abs=0.051)
+
+
+@pytest.mark.parametrize("alias", ["Llama-3.1-70B", "meta-llama/Llama-3.1-70B", "llama3.1_70b", "LLAMA3.1-70B"])
+def test_aliases_resolve(alias):
+    assert load_model(alias).name == "llama3.1-70b"
+
+
+def test_unknown_model_suggests_close_names():
+    with pytest.raises(ShardscopeError, match="did you mean.*llama3.1-70b"):
+        load_model("llama3.1-71b")
+
+
+def test_config_file_path(tmp_path):
+    cfg = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "tie_word_embeddings": True}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    m = load_model(str(path))
+    attn = 256 * (256 + 2 * 128) + 256 * 256
+    assert m.params_total == 1000 * 256 + 2 * (attn + 3 * 256 * 512 + 2 * 256) + 256
+
+
+@pytest.mark.parametrize("content,match", [("{not json", "malformed"), ("[1, 2]", "JSON object"),
+                                           ('{"model_type": "t5"}', "unsupported model_type"),
+                                           ('{"model_type": "llama"}', "hidden_size"),
+                                           ('{"model_type": "llama", "hidden_size": -4}', "positive")])
+def test_malformed_configs(tmp_path, content, match):
+    path = tmp_path / "config.json"
+    path.write_text(content)
+    with pytest.raises(ShardscopeError, match=match):
+        load_model(str(path))
+
+
+def test_qwen2_has_qkv_bias_and_untied_head():
+    m = model_from_hf_config({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+                              "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+                              "vocab_size": 10, "tie_word_embeddings": False})
+    assert m.qkv_bias and not m.out_bias and not m.tied_embeddings

@@ -1,0 +1,80 @@
+import pytest
+
+from shardscope.costs.comm import collective_time_s, place_group
+from shardscope.costs.efficiency import gemm_fraction
+from shardscope.errors import ShardscopeError
+from shardscope.hardware.catalog import load_cluster_file, load_gpu, make_cluster
+from shardscope.models.catalog import load_model
+from shardscope.plan.plan import make_plan
+
+M70 = load_model("llama3.1-70b")
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"tp": 3}, "not divisible by tp"),
+    ({"tp": 16}, "does not divide the KV heads"),
+    ({"global_batch": 30, "micro_batch": 4}, "not divisible by micro-batch"),
+    ({"micro_batch": 0}, "must be a positive integer"),
+    ({"seq_len": -5}, "must be a positive integer"),
+    ({"vpp": 2}, "needs --pp > 1"),
+    ({"zero": 5}, "ZeRO stage|must be 0, 1, 2 or 3"),
+    ({"recompute": "some"}, "--recompute must be"),
+    ({"cp": 3, "seq_len": 4096}, "divisible"),
+    ({"dp": 3}, "does not equal --gpus"),
+])
+def test_bad_plans_name_the_problem(kw, match):
+    args = {"global_batch": 64, "seq_len": 4096} | kw
+    with pytest.raises(ShardscopeError, match=match):
+        make_plan(M70, make_cluster("H100", 64), **args)
+
+
+def test_dp_is_derived():
+    plan = make_plan(M70, make_cluster("H100", 1024), tp=8, pp=4, cp=2, global_batch=512)
+    assert plan.dp == 16 and plan.gpus == 1024 and plan.grad_accum == 32
+
+
+@pytest.mark.parametrize("name,canonical", [("h100", "H100"), ("A100-80GB", "A100-80GB"), ("gb200", "GB200"),
+                                            ("MI300X", "MI300X"), ("h100_96gb", "H100-96GB")])
+def test_gpu_names(name, canonical):
+    assert load_gpu(name).name == canonical
+
+
+def test_unknown_gpu():
+    with pytest.raises(ShardscopeError, match="unknown GPU 'H1000'.*did you mean"):
+        load_gpu("H1000")
+
+
+def test_cluster_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("gpu: H100\ngpus: 64\ngpus_per_node: 8\nscaleout_gbps: 25\n")
+    c = load_cluster_file(path)
+    assert c.gpus == 64 and c.scaleout_gbps == 25 and c.gpu.name == "H100"
+    path.write_text("gpu: {name: X1, arch: hopper}\n")
+    with pytest.raises(ShardscopeError, match="incomplete GPU"):
+        load_cluster_file(path, gpus=8)
+
+
+def test_gemm_fraction_small_is_lower():
+    gpu = load_gpu("H100")
+    big = gemm_fraction(gpu, 8192, 8192, 8192)
+    assert big == pytest.approx(gpu.matmul_sustained_fraction, rel=0.03)
+    assert gemm_fraction(gpu, 128, 256, 128) < 0.1 * big  # one tile, one SM busy
+    assert gemm_fraction(gpu, 4096, 4096, 64) < big
+
+
+def test_ring_all_gather_is_bandwidth_bound_inside_a_node():
+    c = make_cluster("H100", 8)
+    g = place_group(c, 8, 1)
+    nbytes = 1e9
+    t = collective_time_s(c, "all_gather", nbytes, g)
+    assert t == pytest.approx(7 / 8 * nbytes / (450e9 * 0.8), rel=0.01)
+    assert collective_time_s(c, "all_reduce", nbytes, g) == pytest.approx(2 * t, rel=0.01)
+
+
+def test_group_across_nodes_uses_nics():
+    c = make_cluster("H100", 64)
+    one_per_node = place_group(c, 8, 8)  # e.g. DP group with TP=8
+    t = collective_time_s(c, "all_gather", 1e9, one_per_node)
+    assert t == pytest.approx(7 / 8 * 1e9 / (50e9 * 0.9), rel=0.02)
+    eight_per_node = place_group(c, 64, 1)
+    assert collective_time_s(c, "all_gather", 1e9, eight_per_node) < t

@@ -1,0 +1,175 @@
+"""Reference PyTorch transformer layers for ground-truth memory tests (CPU, FakeTensorMode).
+
+The layers are written the way a real CUDA run executes them, so what autograd saves matches the
+CUDA kernels: RMSNorm is a fused op that saves its input and the fp32 reciprocal RMS (as
+`torch._fused_rms_norm` / Apex / TE on CUDA do), attention is `scaled_dot_product_attention` (flash
+kernel: saves q, k, v, out and the fp32 log-sum-exp), linears save their inputs.
+
+Documented CPU differences, which the tests measure separately:
+  * `F.rms_norm` on CPU decomposes into fp32 ops: it saves the fp32 upcast input and the fp32
+    normalised tensor (4 + 4 bytes per element) instead of the bf16 input (2 bytes).
+  * CPU SDPA returns its output as (b, heads, s, d) contiguous; the CUDA flash kernel allocates it as
+    (b, s, heads, d), so merging heads is a view on CUDA but a copy (saved again by the output
+    projection) on CPU. The reference transposes through `.contiguous()` only where CUDA would.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+class FusedRMSNorm(torch.autograd.Function):
+    """RMSNorm with the fused CUDA kernel's saved-tensor contract: input + fp32 rstd."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (x.float() * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx, grad):  # pragma: no cover - memory tests never run backward
+        x, weight, rstd = ctx.saved_tensors
+        xhat = x.float() * rstd
+        g = grad.float() * weight.float()
+        dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+        return dx.to(x.dtype), (grad.float() * xhat).sum(dim=tuple(range(grad.dim() - 1))).to(weight.dtype), None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return FusedRMSNorm.apply(x, self.weight, self.eps)
+
+
+def rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def apply_rope(x, cos, sin):
+    return x * cos + rotate_half(x) * sin
+
+
+def swiglu(gate, up):
+    return F.silu(gate) * up
+
+
+class LlamaLayer(nn.Module):
+    """A Llama/Qwen/Mistral block: pre-RMSNorm, GQA attention with RoPE, SwiGLU MLP."""
+
+    def __init__(self, hidden, heads, kv_heads, head_dim, ffn, qk_norm=False, policy="none"):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.policy = policy
+        self.attn_norm = RMSNorm(hidden)
+        self.q = nn.Linear(hidden, heads * head_dim, bias=False)
+        self.k = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.v = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.o = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.q_norm = RMSNorm(head_dim) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim) if qk_norm else None
+        self.mlp_norm = RMSNorm(hidden)
+        self.gate = nn.Linear(hidden, ffn, bias=False)
+        self.up = nn.Linear(hidden, ffn, bias=False)
+        self.down = nn.Linear(ffn, hidden, bias=False)
+
+    def _cheap(self, fn, *args):
+        """Selective recompute: cheap ops are recomputed in backward (only their inputs are kept)."""
+        if self.policy == "selective":
+            return checkpoint(fn, *args, use_reentrant=True)
+        return fn(*args)
+
+    def _block(self, x, cos, sin):
+        b, s, _ = x.shape
+        h = self._cheap(self.attn_norm, x)
+        q = self.q(h).view(b, s, self.heads, self.head_dim)
+        k = self.k(h).view(b, s, self.kv_heads, self.head_dim)
+        v = self.v(h).view(b, s, self.kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = self._cheap(apply_rope, q.transpose(1, 2), cos, sin)
+        k = self._cheap(apply_rope, k.transpose(1, 2), cos, sin)
+        out = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True, enable_gqa=True)
+        x = self._cheap(torch.add, x, self.o(out.transpose(1, 2).reshape(b, s, -1)))
+        h = self._cheap(self.mlp_norm, x)
+        return x + self.down(self._cheap(swiglu, self.gate(h), self.up(h)))
+
+    def forward(self, x, cos, sin):
+        if self.policy == "full":
+            return checkpoint(self._block, x, cos, sin, use_reentrant=True)
+        return self._block(x, cos, sin)
+
+
+class GPTLayer(nn.Module):
+    """A GPT-2/MPT block: pre-LayerNorm with bias, MHA, GeLU MLP, biases on every linear."""
+
+    def __init__(self, hidden, heads, ffn, policy="none"):
+        super().__init__()
+        self.heads, self.head_dim, self.policy = heads, hidden // heads, policy
+        self.ln1 = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.o = nn.Linear(hidden, hidden)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.fc1 = nn.Linear(hidden, ffn)
+        self.fc2 = nn.Linear(ffn, hidden)
+
+    def _cheap(self, fn, *args):
+        if self.policy == "selective":
+            return checkpoint(fn, *args, use_reentrant=True)
+        return fn(*args)
+
+    def _block(self, x):
+        b, s, hid = x.shape
+        q, k, v = self.qkv(self._cheap(self.ln1, x)).view(b, s, 3, self.heads, self.head_dim).unbind(2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = self._cheap(torch.add, x, self.o(out.transpose(1, 2).reshape(b, s, hid)))
+        return x + self.fc2(self._cheap(F.gelu, self.fc1(self._cheap(self.ln2, x))))
+
+    def forward(self, x):
+        if self.policy == "full":
+            return checkpoint(self._block, x, use_reentrant=True)
+        return self._block(x)
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def saved_activation_bytes(output: torch.Tensor, exclude: list[torch.Tensor]) -> tuple[int, dict[str, int]]:
+    """Bytes of the unique storages that autograd keeps for backward, found by walking the graph from
+    `output`; storages of `exclude` (parameters, rope tables) are not activations."""
+    skip = {_storage_key(t) for t in exclude}
+    seen: dict[int, tuple[str, int]] = {}
+    stack, visited = [output.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in visited:
+            continue
+        visited.add(node)
+        tensors = []
+        for attr in dir(node):
+            if attr.startswith("_saved_"):
+                value = getattr(node, attr)
+                if isinstance(value, torch.Tensor):
+                    tensors.append(value)
+                elif isinstance(value, (tuple, list)):
+                    tensors += [v for v in value if isinstance(v, torch.Tensor)]
+        if hasattr(node, "saved_tensors"):  # custom autograd.Function / reentrant checkpoint
+            tensors += [t for t in node.saved_tensors if isinstance(t, torch.Tensor)]
+        for t in tensors:
+            key = _storage_key(t)
+            if key not in skip and key not in seen:
+                seen[key] = (node.name(), t.untyped_storage().nbytes())
+        stack += [fn for fn, _ in node.next_functions]
+    by_node: dict[str, int] = {}
+    for name, nbytes in seen.values():
+        by_node[name] = by_node.get(name, 0) + nbytes
+    return sum(by_node.values()), by_node
