@@ -44,8 +44,10 @@ def test_pipeline_bubble_matches_schedule():
 
 
 def test_recompute_trades_memory_for_time():
-    r = {p: shardscope.estimate("llama3.1-8b", gpus=8, global_batch=16, micro_batch=2, recompute=p, **LLAMA8)
-         for p in ("none", "selective", "full")}
+    r = {
+        p: shardscope.estimate("llama3.1-8b", gpus=8, global_batch=16, micro_batch=2, recompute=p, **LLAMA8)
+        for p in ("none", "selective", "full")
+    }
     assert r["none"].memory.activations_gib > r["selective"].memory.activations_gib > r["full"].memory.activations_gib
     assert r["none"].step_time_s < r["selective"].step_time_s < r["full"].step_time_s
     assert r["full"].hfu > r["full"].mfu
@@ -78,10 +80,18 @@ def plans(draw):
     vpp = draw(st.sampled_from([1, 2])) if pp > 1 else 1
     mb = draw(st.sampled_from([1, 2]))
     accum = draw(st.sampled_from([1, 2, 8]))
-    return dict(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch=mb, global_batch=mb * dp * accum,
-                seq_len=draw(st.sampled_from([2048, 8192])),
-                recompute=draw(st.sampled_from(["none", "selective", "full"])),
-                model=draw(st.sampled_from(["llama3.1-8b", "qwen3-8b", "mpt-7b", "llama2-13b"])))
+    return dict(
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        dp=dp,
+        vpp=vpp,
+        micro_batch=mb,
+        global_batch=mb * dp * accum,
+        seq_len=draw(st.sampled_from([2048, 8192])),
+        recompute=draw(st.sampled_from(["none", "selective", "full"])),
+        model=draw(st.sampled_from(["llama3.1-8b", "qwen3-8b", "mpt-7b", "llama2-13b"])),
+    )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -97,8 +107,10 @@ def test_invariants_over_random_plans(p):
     assert math.isfinite(base.step_time_s) and base.step_time_s > 0
     # memory falls (never rises) as the ZeRO stage rises
     peaks = [shardscope.estimate(model, gpu="H100", gpus=gpus, zero=z, **p).memory.peak_gib for z in range(4)]
-    assert all(a >= b - 1e-9 for a, b in zip(peaks, peaks[1:]))
+    assert all(a >= b - 1e-9 for a, b in zip(peaks, peaks[1:], strict=False))
     # more recompute never raises activation memory
-    acts = [shardscope.estimate(model, gpu="H100", gpus=gpus, **(p | {"recompute": r})).memory.activations_gib
-            for r in ("none", "selective", "full")]
+    acts = [
+        shardscope.estimate(model, gpu="H100", gpus=gpus, **(p | {"recompute": r})).memory.activations_gib
+        for r in ("none", "selective", "full")
+    ]
     assert acts[0] >= acts[1] >= acts[2]

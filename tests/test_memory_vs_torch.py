@@ -65,8 +65,11 @@ def _measure(model_name: str, policy: str, batch: int, seq: int) -> tuple[int, i
     with FakeTensorMode():
         ref_policy = "none" if policy == "selective" else policy
         if llama:
-            layer = _build(lambda: LlamaLayer(m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn_hidden,
-                                              qk_norm=m.qk_norm, policy=ref_policy))
+            layer = _build(
+                lambda: LlamaLayer(
+                    m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn_hidden, qk_norm=m.qk_norm, policy=ref_policy
+                )
+            )
             cos = torch.randn(seq, m.head_dim, dtype=torch.bfloat16)
             sin = torch.randn(seq, m.head_dim, dtype=torch.bfloat16)
             extra, args = [cos, sin], (cos, sin)
@@ -77,14 +80,18 @@ def _measure(model_name: str, policy: str, batch: int, seq: int) -> tuple[int, i
         if policy == "selective":
             rec = _MustSaveRecorder()
             with rec:
-                checkpoint(layer, x, *args, use_reentrant=False,
-                           context_fn=functools.partial(create_selective_checkpoint_contexts, _sac_policy))
+                checkpoint(
+                    layer,
+                    x,
+                    *args,
+                    use_reentrant=False,
+                    context_fn=functools.partial(create_selective_checkpoint_contexts, _sac_policy),
+                )
             measured = sum(rec.saved.values()) + x.untyped_storage().nbytes()  # + the region's input
         else:
             y = layer(x, *args)
             measured, _ = saved_activation_bytes(y, list(layer.parameters()) + extra)
-    plan = make_plan(m, make_cluster("H100", 1), micro_batch=batch, global_batch=batch, seq_len=seq,
-                     recompute=policy)
+    plan = make_plan(m, make_cluster("H100", 1), micro_batch=batch, global_batch=batch, seq_len=seq, recompute=policy)
     return measured, build_stage_graph(m, plan).layer.saved_bytes(policy)
 
 

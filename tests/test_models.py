@@ -6,8 +6,22 @@ from shardscope.errors import ShardscopeError
 from shardscope.models.catalog import catalog_sources, list_models, load_model
 from shardscope.models.hf import model_from_hf_config
 
-REQUIRED = ["llama2-7b", "llama2-13b", "llama2-70b", "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "qwen2.5-7b",
-            "qwen2.5-72b", "qwen3-8b", "qwen3-32b", "mistral-7b", "mpt-7b", "mpt-30b", "gpt3-175b"]
+REQUIRED = [
+    "llama2-7b",
+    "llama2-13b",
+    "llama2-70b",
+    "llama3.1-8b",
+    "llama3.1-70b",
+    "llama3.1-405b",
+    "qwen2.5-7b",
+    "qwen2.5-72b",
+    "qwen3-8b",
+    "qwen3-32b",
+    "mistral-7b",
+    "mpt-7b",
+    "mpt-30b",
+    "gpt3-175b",
+]
 
 
 def test_catalog_has_required_models():
@@ -21,9 +35,21 @@ def test_exact_parameter_count_matches_checkpoint(name):
     assert load_model(name).params_total == catalog_sources()[name]["params_total"]
 
 
-@pytest.mark.parametrize("name,billions", [("1.7b", 1.7), ("3.6b", 3.6), ("7.5b", 7.5), ("18.4b", 18.4),
-                                           ("39.1b", 39.1), ("76.1b", 76.1), ("145.6b", 145.6),
-                                           ("310.1b", 310.1), ("529.6b", 529.6), ("1t", 1008.0)])
+@pytest.mark.parametrize(
+    "name,billions",
+    [
+        ("1.7b", 1.7),
+        ("3.6b", 3.6),
+        ("7.5b", 7.5),
+        ("18.4b", 18.4),
+        ("39.1b", 39.1),
+        ("76.1b", 76.1),
+        ("145.6b", 145.6),
+        ("310.1b", 310.1),
+        ("529.6b", 529.6),
+        ("1t", 1008.0),
+    ],
+)
 def test_megatron_table1_sizes(name, billions):
     """Narayanan et al. 2021 Table 1 prints each size to 0.1 B."""
     assert round(load_model(f"megatron-gpt-{name}").params_total / 1e9, 1) == pytest.approx(billions, abs=0.051)
@@ -40,8 +66,16 @@ def test_unknown_model_suggests_close_names():
 
 
 def test_config_file_path(tmp_path):
-    cfg = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "tie_word_embeddings": True}
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+        "tie_word_embeddings": True,
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     m = load_model(str(path))
@@ -49,10 +83,16 @@ def test_config_file_path(tmp_path):
     assert m.params_total == 1000 * 256 + 2 * (attn + 3 * 256 * 512 + 2 * 256) + 256
 
 
-@pytest.mark.parametrize("content,match", [("{not json", "malformed"), ("[1, 2]", "JSON object"),
-                                           ('{"model_type": "t5"}', "unsupported model_type"),
-                                           ('{"model_type": "llama"}', "hidden_size"),
-                                           ('{"model_type": "llama", "hidden_size": -4}', "positive")])
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        ("{not json", "malformed"),
+        ("[1, 2]", "JSON object"),
+        ('{"model_type": "t5"}', "unsupported model_type"),
+        ('{"model_type": "llama"}', "hidden_size"),
+        ('{"model_type": "llama", "hidden_size": -4}', "positive"),
+    ],
+)
 def test_malformed_configs(tmp_path, content, match):
     path = tmp_path / "config.json"
     path.write_text(content)
@@ -61,7 +101,16 @@ def test_malformed_configs(tmp_path, content, match):
 
 
 def test_qwen2_has_qkv_bias_and_untied_head():
-    m = model_from_hf_config({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
-                              "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
-                              "vocab_size": 10, "tie_word_embeddings": False})
+    m = model_from_hf_config(
+        {
+            "model_type": "qwen2",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 10,
+            "tie_word_embeddings": False,
+        }
+    )
     assert m.qkv_bias and not m.out_bias and not m.tied_embeddings

@@ -10,18 +10,21 @@ from shardscope.plan.plan import make_plan
 M70 = load_model("llama3.1-70b")
 
 
-@pytest.mark.parametrize("kw,match", [
-    ({"tp": 3}, "not divisible by tp"),
-    ({"tp": 16}, "does not divide the KV heads"),
-    ({"global_batch": 30, "micro_batch": 4}, "not divisible by micro-batch"),
-    ({"micro_batch": 0}, "must be a positive integer"),
-    ({"seq_len": -5}, "must be a positive integer"),
-    ({"vpp": 2}, "needs --pp > 1"),
-    ({"zero": 5}, "ZeRO stage|must be 0, 1, 2 or 3"),
-    ({"recompute": "some"}, "--recompute must be"),
-    ({"cp": 3, "seq_len": 4096}, "divisible"),
-    ({"dp": 3}, "does not equal --gpus"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"tp": 3}, "not divisible by tp"),
+        ({"tp": 16}, "does not divide the KV heads"),
+        ({"global_batch": 30, "micro_batch": 4}, "not divisible by micro-batch"),
+        ({"micro_batch": 0}, "must be a positive integer"),
+        ({"seq_len": -5}, "must be a positive integer"),
+        ({"vpp": 2}, "needs --pp > 1"),
+        ({"zero": 5}, "ZeRO stage|must be 0, 1, 2 or 3"),
+        ({"recompute": "some"}, "--recompute must be"),
+        ({"cp": 3, "seq_len": 4096}, "divisible"),
+        ({"dp": 3}, "does not equal --gpus"),
+    ],
+)
 def test_bad_plans_name_the_problem(kw, match):
     args = {"global_batch": 64, "seq_len": 4096} | kw
     with pytest.raises(ShardscopeError, match=match):
@@ -33,8 +36,16 @@ def test_dp_is_derived():
     assert plan.dp == 16 and plan.gpus == 1024 and plan.grad_accum == 32
 
 
-@pytest.mark.parametrize("name,canonical", [("h100", "H100"), ("A100-80GB", "A100-80GB"), ("gb200", "GB200"),
-                                            ("MI300X", "MI300X"), ("h100_96gb", "H100-96GB")])
+@pytest.mark.parametrize(
+    "name,canonical",
+    [
+        ("h100", "H100"),
+        ("A100-80GB", "A100-80GB"),
+        ("gb200", "GB200"),
+        ("MI300X", "MI300X"),
+        ("h100_96gb", "H100-96GB"),
+    ],
+)
 def test_gpu_names(name, canonical):
     assert load_gpu(name).name == canonical
 

@@ -1,8 +1,8 @@
 """shardscope: plan and simulate large-model training on GPU clusters.
 
-    >>> import shardscope
-    >>> est = shardscope.estimate("llama3.1-8b", gpu="H100", gpus=8, global_batch=32, seq_len=8192)
-    >>> est.memory.peak_gib, est.mfu
+>>> import shardscope
+>>> est = shardscope.estimate("llama3.1-8b", gpu="H100", gpus=8, global_batch=32, seq_len=8192)
+>>> est.memory.peak_gib, est.mfu
 """
 
 from __future__ import annotations

@@ -65,12 +65,30 @@ def estimate(
             derived_dp = dp_value or max(gpus // (tp * pp * cp), 1)
             global_batch = micro_batch * derived_dp * max(pp, 1)
         result = run_estimate(
-            model, gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node, cluster_file=cluster,
-            tp=tp, pp=pp, vpp=vpp, cp=cp, cp_kind=cp_kind, dp=dp_value, sequence_parallel=sequence_parallel,
-            zero=zero, fsdp=fsdp, shard_group=shard_group, reshard_after_forward=reshard,
-            recompute=recompute, recompute_layers=recompute_layers, micro_batch=micro_batch,
-            global_batch=global_batch, seq_len=seq_len, precision=precision,
-            attention_kernel=attention_kernel, tp_comm_overlap=tp_comm_overlap,
+            model,
+            gpu=gpu,
+            gpus=gpus,
+            gpus_per_node=gpus_per_node,
+            cluster_file=cluster,
+            tp=tp,
+            pp=pp,
+            vpp=vpp,
+            cp=cp,
+            cp_kind=cp_kind,
+            dp=dp_value,
+            sequence_parallel=sequence_parallel,
+            zero=zero,
+            fsdp=fsdp,
+            shard_group=shard_group,
+            reshard_after_forward=reshard,
+            recompute=recompute,
+            recompute_layers=recompute_layers,
+            micro_batch=micro_batch,
+            global_batch=global_batch,
+            seq_len=seq_len,
+            precision=precision,
+            attention_kernel=attention_kernel,
+            tp_comm_overlap=tp_comm_overlap,
         )
     except ShardscopeError as exc:
         _fail(str(exc))

@@ -101,9 +101,7 @@ def _recompute_s(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, fw
         return fwd.compute_s + fwd.exposed_s
     if plan.recompute == "selective":
         gpu, peak = cluster.gpu, cluster.gpu.peak_tflops(plan.precision)
-        return sum(
-            op_time_s(gpu, op, False, peak, plan.attention_kernel, plan.seq_len) for op in unit.ops if op.cheap
-        )
+        return sum(op_time_s(gpu, op, False, peak, plan.attention_kernel, plan.seq_len) for op in unit.ops if op.cheap)
     return 0.0
 
 
@@ -134,8 +132,11 @@ def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
     lf = _phase_cost(cluster, plan, groups, graph.layer, backward=False)
     lb = _phase_cost(cluster, plan, groups, graph.layer, backward=True)
     l_rec = _recompute_s(cluster, plan, groups, graph.layer, lf)
-    rec_layers = plan.recomputed_layers(stage_layers) if plan.recompute == "full" else (
-        stage_layers if plan.recompute == "selective" else 0)
+    rec_layers = (
+        plan.recomputed_layers(stage_layers)
+        if plan.recompute == "full"
+        else (stage_layers if plan.recompute == "selective" else 0)
+    )
 
     # FSDP / ZeRO-3 (reshard after forward): every micro-batch all-gathers each layer in forward and
     # again in backward and reduce-scatters its gradient, prefetched under the neighbouring layer's
@@ -208,14 +209,19 @@ def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
             dp_total += gather
         compute_mb += max(dp_total - dp_exposed, 0.0) * slow / max(m, 1)
     if (plan.fsdp or plan.zero == 3) and plan.shard_size < plan.dp:  # HSDP: all-reduce across replicas
-        rep = collective_time_s(cluster, "all_reduce", GRAD_REDUCE_BYTES * params_stage / plan.shard_size,
-                                groups.replicate)
+        rep = collective_time_s(
+            cluster, "all_reduce", GRAD_REDUCE_BYTES * params_stage / plan.shard_size, groups.replicate
+        )
         dp_exposed += rep
         dp_total += rep
 
     state = model_state_bytes(params_stage, plan)
-    optimizer_s = memory_time_s(gpu, OPTIMIZER_BYTES_PER_PARAM * params_stage / max(plan.shard_size, 1)
-                                if (plan.zero >= 1 or plan.fsdp) else OPTIMIZER_BYTES_PER_PARAM * params_stage)
+    optimizer_s = memory_time_s(
+        gpu,
+        OPTIMIZER_BYTES_PER_PARAM * params_stage / max(plan.shard_size, 1)
+        if (plan.zero >= 1 or plan.fsdp)
+        else OPTIMIZER_BYTES_PER_PARAM * params_stage,
+    )
 
     compute_s = m * compute_mb
     exposed_s = m * exposed_mb + dp_exposed

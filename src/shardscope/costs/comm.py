@@ -83,8 +83,13 @@ def collective_time_s(cluster: Cluster, kind: str, nbytes: float, group: GroupPl
         if not group.intra:  # only the off-domain share crosses the fabric, one NIC per GPU
             remote = (n - group.per_domain) / n * nbytes
             local = (group.per_domain - 1) / n * nbytes
-            return max(remote / (cluster.scaleout_gbps * 1e9 * SCALEOUT_EFFICIENCY),
-                       local / (cluster.scaleup_gbps * 1e9 * SCALEUP_EFFICIENCY)) + alpha
+            return (
+                max(
+                    remote / (cluster.scaleout_gbps * 1e9 * SCALEOUT_EFFICIENCY),
+                    local / (cluster.scaleup_gbps * 1e9 * SCALEUP_EFFICIENCY),
+                )
+                + alpha
+            )
         return (n - 1) / n * nbytes / bw + alpha
     if kind == "send_recv":
         if group.intra:

@@ -29,6 +29,7 @@ def op_time_s(gpu: GPU, op: Op, backward: bool, peak_tflops: float, kernel: str,
         flops = op.bwd_flops if backward else op.flops
         frac = attention_fraction(gpu, kernel, seq_len, backward)
         # Flash attention's compute runs at the BF16 rate even under FP8 GEMM recipes.
-        return max(flops / (gpu.bf16_tflops * 1e12 * frac), memory_time_s(gpu, op.bwd_bytes if backward else op.bytes)) + KERNEL_GAP_S
+        io = memory_time_s(gpu, op.bwd_bytes if backward else op.bytes)
+        return max(flops / (gpu.bf16_tflops * 1e12 * frac), io) + KERNEL_GAP_S
     nbytes = op.bwd_bytes if backward else op.bytes
     return memory_time_s(gpu, nbytes) + KERNEL_GAP_S

@@ -43,7 +43,7 @@ def layer_params_local(model: ModelSpec, tp: int) -> float:
     if model.qk_norm:
         replicated += 2 * model.head_dim
     if model.mlp_bias:
-        sharded += (model.ffn_hidden if model.mlp == "gelu" else 2 * model.ffn_hidden)
+        sharded += model.ffn_hidden if model.mlp == "gelu" else 2 * model.ffn_hidden
         replicated += h
     return sharded / tp + replicated
 

@@ -110,8 +110,16 @@ def layer_group(model: ModelSpec, plan: Plan) -> OpGroup:
         keys = (s + 1) / 2 if plan.causal_block_skip else s
         attn_flops = 4.0 * plan.micro_batch * nh * hd * s * keys / plan.cp
         attn_io = BF16 * t * (2 * q + 2 * kv)
-        ops.append(Op("attention", "attention", flops=attn_flops, bytes=attn_io, bwd_flops=2.5 * attn_flops,
-                      bwd_bytes=2 * attn_io))
+        ops.append(
+            Op(
+                "attention",
+                "attention",
+                flops=attn_flops,
+                bytes=attn_io,
+                bwd_flops=2.5 * attn_flops,
+                bwd_bytes=2 * attn_io,
+            )
+        )
         saved.append(Saved("attention logsumexp", FP32 * t * nh, NOT_FULL))
     saved.append(Saved("attention out", BF16 * t * q, NOT_FULL))
     ops.append(_gemm("out proj", t, h, q))

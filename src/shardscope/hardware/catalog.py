@@ -162,5 +162,6 @@ def load_cluster_file(path: Path, gpus: int | None = None) -> Cluster:
     if not isinstance(total, int):
         raise ShardscopeError(f"cluster file {path}: 'gpus' must be an integer (or pass --gpus)")
     cluster = make_cluster(gpu, total, data.get("gpus_per_node"), data.get("scaleout_gbps"))
-    overrides = {k: data[k] for k in ("scaleup_domain", "scaleup_gbps", "scaleup_latency_s", "scaleout_latency_s") if k in data}
+    keys = ("scaleup_domain", "scaleup_gbps", "scaleup_latency_s", "scaleout_latency_s")
+    overrides = {k: data[k] for k in keys if k in data}
     return replace(cluster, **overrides)

@@ -92,9 +92,7 @@ class ModelSpec:
 
     @property
     def params_total(self) -> int:
-        return (
-            self.embedding_params + self.layers * self.layer_params + self.norm_params + self.lm_head_params
-        )
+        return self.embedding_params + self.layers * self.layer_params + self.norm_params + self.lm_head_params
 
     @property
     def params_matmul_per_token(self) -> int:

@@ -50,7 +50,6 @@ class Plan:
     tp_comm_overlap: bool = False
     causal_block_skip: bool = True
 
-
     def stage_layers(self, layers: int) -> int:
         """Layers on the most-loaded pipeline rank: ceil(L / (pp·vpp)) per model chunk, as Megatron's
         uneven first/last-stage layouts (and Llama 3's 126 layers on 16 stages) leave it."""

@@ -34,18 +34,27 @@ def print_estimate(est: Estimate, console: Console | None = None) -> None:
     tt.add_column("part")
     tt.add_column("time", justify="right")
     tt.add_column("share", justify="right")
-    for name, value in (("compute", t.compute_s), ("  of which recompute", t.recompute_s),
-                        ("exposed communication", t.exposed_comm_s), ("pipeline bubble", t.bubble_s),
-                        ("optimizer", t.optimizer_s)):
+    for name, value in (
+        ("compute", t.compute_s),
+        ("  of which recompute", t.recompute_s),
+        ("exposed communication", t.exposed_comm_s),
+        ("pipeline bubble", t.bubble_s),
+        ("optimizer", t.optimizer_s),
+    ):
         tt.add_row(name, _fmt_s(value), f"{value / est.step_time_s:.1%}")
     console.print(tt)
     mt = Table(title=f"Memory per GPU (stage {mem.stage}, most loaded)", title_justify="left")
     mt.add_column("part")
     mt.add_column("GiB", justify="right")
-    for name, value in (("parameters", mem.params_gib), ("gradients", mem.grads_gib),
-                        ("optimizer states", mem.optimizer_gib), ("activations", mem.activations_gib),
-                        ("buffers", mem.buffers_gib), ("peak allocated", mem.peak_gib),
-                        ("+ context & fragmentation", mem.overhead_gib)):
+    for name, value in (
+        ("parameters", mem.params_gib),
+        ("gradients", mem.grads_gib),
+        ("optimizer states", mem.optimizer_gib),
+        ("activations", mem.activations_gib),
+        ("buffers", mem.buffers_gib),
+        ("peak allocated", mem.peak_gib),
+        ("+ context & fragmentation", mem.overhead_gib),
+    ):
         mt.add_row(name, f"{value:,.2f}")
     verdict = "[green]fits[/]" if est.fits else "[red]does NOT fit[/]"
     mt.add_row("[bold]required[/]", f"[bold]{mem.required_gib:,.2f}[/] of {mem.capacity_gib:,.1f} — {verdict}")
@@ -60,11 +69,19 @@ def print_models(console: Console | None = None) -> None:
     console = console or Console()
     table = Table(title="Model catalog")
     for col in ("name", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "mlp"):
-        table.add_column(col, justify="left" if col in ("name", "mlp") else "right")
+        table.add_column(col, justify="left" if col in ("name", "mlp") else "right", no_wrap=col == "name")
     for name in list_models():
         m = load_model(name)
-        table.add_row(name, f"{m.params_total / 1e9:,.2f} B", str(m.layers), str(m.hidden),
-                      f"{m.heads}/{m.kv_heads}", str(m.ffn_hidden), str(m.vocab), m.mlp)
+        table.add_row(
+            name,
+            f"{m.params_total / 1e9:,.2f} B",
+            str(m.layers),
+            str(m.hidden),
+            f"{m.heads}/{m.kv_heads}",
+            str(m.ffn_hidden),
+            str(m.vocab),
+            m.mlp,
+        )
     console.print(table)
 
 
@@ -76,7 +93,15 @@ def print_gpus(console: Console | None = None) -> None:
     for col in ("name", "BF16", "FP8", "HBM GiB", "HBM GB/s", "NVLink GB/s", "domain", "NIC GB/s", "sustained"):
         table.add_column(col, justify="left" if col == "name" else "right")
     for g in list_gpus():
-        table.add_row(g.name, f"{g.bf16_tflops:g}", f"{g.fp8_tflops:g}" if g.fp8_tflops else "-",
-                      f"{g.hbm_gib:g}", f"{g.hbm_gbps:g}", f"{g.scaleup_gbps:g}", str(g.scaleup_domain),
-                      f"{g.scaleout_gbps:g}", f"{g.matmul_sustained_fraction:.0%}")
+        table.add_row(
+            g.name,
+            f"{g.bf16_tflops:g}",
+            f"{g.fp8_tflops:g}" if g.fp8_tflops else "-",
+            f"{g.hbm_gib:g}",
+            f"{g.hbm_gbps:g}",
+            f"{g.scaleup_gbps:g}",
+            str(g.scaleup_domain),
+            f"{g.scaleout_gbps:g}",
+            f"{g.matmul_sustained_fraction:.0%}",
+        )
     console.print(table)

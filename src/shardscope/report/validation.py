@@ -22,8 +22,16 @@ def print_report(report: ValidationReport, show_rows: bool = True, console: Cons
             t.add_column(col, justify="right" if col in ("GPUs", "measured", "predicted", "error") else "left")
         for r in report.rows:
             color = "green" if abs(r.error_pct) <= 10 else ("yellow" if abs(r.error_pct) <= 20 else "red")
-            t.add_row(r.id, r.model, r.gpu, str(r.num_gpus), r.metric, f"{r.measured:,.4g}",
-                      f"{r.predicted:,.4g}", f"[{color}]{r.error_pct:+.1f}%[/]")
+            t.add_row(
+                r.id,
+                r.model,
+                r.gpu,
+                str(r.num_gpus),
+                r.metric,
+                f"{r.measured:,.4g}",
+                f"{r.predicted:,.4g}",
+                f"[{color}]{r.error_pct:+.1f}%[/]",
+            )
         console.print(t)
     for key, groups in report.summary.items():
         t = Table(title=f"By {key}", title_justify="left")
@@ -34,8 +42,10 @@ def print_report(report: ValidationReport, show_rows: bool = True, console: Cons
         console.print(t)
     if report.overall:
         o = report.overall
-        console.print(f"[bold]All predicted rows[/]: {o.n} rows, MAPE {o.mape_pct:.1f}%, bias {o.bias_pct:+.1f}%, "
-                      f"Spearman {_rho(o)}")
+        console.print(
+            f"[bold]All predicted rows[/]: {o.n} rows, MAPE {o.mape_pct:.1f}%, bias {o.bias_pct:+.1f}%, "
+            f"Spearman {_rho(o)}"
+        )
     if report.skipped:
         reasons = Counter(s["reason"] for s in report.skipped)
         console.print(f"[bold]Skipped[/] {len(report.skipped)} rows:")
@@ -58,5 +68,6 @@ def print_markdown(report: ValidationReport) -> None:
     reasons = Counter(s["reason"] for s in report.skipped)
     if reasons:
         lines.append("")
-        lines.append(f"Skipped {len(report.skipped)} rows: " + "; ".join(f"{n} × {r}" for r, n in reasons.most_common()) + ".")
+        listed = "; ".join(f"{n} × {r}" for r, n in reasons.most_common())
+        lines.append(f"Skipped {len(report.skipped)} rows: {listed}.")
     print("\n".join(lines))

@@ -47,9 +47,14 @@ def flops_per_step(defn: str, model: ModelSpec, est: Estimate, notes: str, sourc
         causal = 1.0 if source == "NEMO_2407_PERF" else 0.5
         q_ratio = model.q_dim / h
         gated = 1.5 if model.mlp == "swiglu" else 1.0
-        per_token = 12.0 * n_layers * h * h * (
-            (1 + model.kv_heads / model.heads + s / h * causal) * q_ratio + model.ffn_hidden / h * gated
-        ) + 6.0 * h * v
+        per_token = (
+            12.0
+            * n_layers
+            * h
+            * h
+            * ((1 + model.kv_heads / model.heads + s / h * causal) * q_ratio + model.ffn_hidden / h * gated)
+            + 6.0 * h * v
+        )
         return tokens * per_token
     return None
 
@@ -69,6 +74,7 @@ def predicted_metric(metric: str, defn: str, model: ModelSpec, est: Estimate, ro
         tflops = flops / est.step_time_s / est.gpus / 1e12
         if metric == "tflops_per_gpu":
             return tflops
-        peak = _peak(row.get("gpu", ""), row.get("precision", "") or "bf16", est.mfu and est.model_tflops_per_gpu / est.mfu)
+        datasheet = est.model_tflops_per_gpu / est.mfu
+        peak = _peak(row.get("gpu", ""), row.get("precision", "") or "bf16", datasheet)
         return 100.0 * tflops / peak
     return None

@@ -57,8 +57,13 @@ def model_from_row(row: dict[str, str]) -> ModelSpec:
     heads = _int(row, "heads")
     hidden = _int(row, "hidden")
     common = dict(
-        name=row["model"], hidden=hidden, layers=_int(row, "layers"), heads=heads,
-        kv_heads=_int(row, "kv_heads", heads), head_dim=hidden // heads, ffn_hidden=_int(row, "ffn_hidden", 4 * hidden),
+        name=row["model"],
+        hidden=hidden,
+        layers=_int(row, "layers"),
+        heads=heads,
+        kv_heads=_int(row, "kv_heads", heads),
+        head_dim=hidden // heads,
+        ffn_hidden=_int(row, "ffn_hidden", 4 * hidden),
         vocab=_int(row, "vocab", 51200),
     )
     if name.startswith(("llama", "mistral", "qwen")):
@@ -66,12 +71,30 @@ def model_from_row(row: dict[str, str]) -> ModelSpec:
     if name.startswith("nemotron"):  # squared-ReLU (non-gated) MLP, LayerNorm, RoPE, untied
         return ModelSpec(**common, mlp="gelu", norm="layernorm", position="rope")
     if name.startswith("mpt"):  # llm-foundry benchmark yamls: ALiBi, biases, tied embeddings
-        return ModelSpec(**common, mlp="gelu", norm="layernorm", norm_bias=True, qkv_bias=True, out_bias=True,
-                         mlp_bias=True, tied_embeddings=True, position="alibi")
+        return ModelSpec(
+            **common,
+            mlp="gelu",
+            norm="layernorm",
+            norm_bias=True,
+            qkv_bias=True,
+            out_bias=True,
+            mlp_bias=True,
+            tied_embeddings=True,
+            position="alibi",
+        )
     if name.startswith("gpt"):  # GPT-2/3 style: learned positions, biases, tied embeddings
-        return ModelSpec(**common, mlp="gelu", norm="layernorm", norm_bias=True, qkv_bias=True, out_bias=True,
-                         mlp_bias=True, tied_embeddings=True, position="learned",
-                         pos_embedding_rows=_int(row, "seq_len"))
+        return ModelSpec(
+            **common,
+            mlp="gelu",
+            norm="layernorm",
+            norm_bias=True,
+            qkv_bias=True,
+            out_bias=True,
+            mlp_bias=True,
+            tied_embeddings=True,
+            position="learned",
+            pos_embedding_rows=_int(row, "seq_len"),
+        )
     raise SkipRow(f"unknown model family {row['model']!r}")
 
 
@@ -112,13 +135,22 @@ def case_from_row(row: dict[str, str]) -> RowCase:
         recompute = "selective"
     try:
         plan = make_plan(
-            model, cluster,
-            tp=_int(row, "tp", 1), pp=_int(row, "pp", 1), vpp=_int(row, "vpp", 1), cp=_int(row, "cp", 1),
-            dp=_int(row, "dp", 0) or None, micro_batch=_int(row, "micro_batch", 1),
-            global_batch=_int(row, "global_batch"), seq_len=_int(row, "seq_len"),
-            recompute=recompute, precision="bf16", attention_kernel=_attention_kernel(row),
+            model,
+            cluster,
+            tp=_int(row, "tp", 1),
+            pp=_int(row, "pp", 1),
+            vpp=_int(row, "vpp", 1),
+            cp=_int(row, "cp", 1),
+            dp=_int(row, "dp", 0) or None,
+            micro_batch=_int(row, "micro_batch", 1),
+            global_batch=_int(row, "global_batch"),
+            seq_len=_int(row, "seq_len"),
+            recompute=recompute,
+            precision="bf16",
+            attention_kernel=_attention_kernel(row),
             tp_comm_overlap=row.get("source") in MEGATRON_SOURCES,
-            causal_block_skip=row.get("source") != "MOSAICML_LLMFOUNDRY", **_sharding(row),
+            causal_block_skip=row.get("source") != "MOSAICML_LLMFOUNDRY",
+            **_sharding(row),
         )
     except ShardscopeError as exc:
         raise SkipRow(f"plan rejected: {exc}") from None

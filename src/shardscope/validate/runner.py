@@ -115,9 +115,16 @@ def predict_row(row: dict[str, str]) -> RowResult:
         raise SkipRow(f"unknown metric {metric!r}")
     measured = float(row["value"])
     return RowResult(
-        id=row["id"], metric=metric, measured=measured, predicted=value,
-        error_pct=100.0 * (value - measured) / measured, source=row["source"], gpu=row["gpu"],
-        arch=row.get("arch", ""), model=row["model"], num_gpus=int(row["num_gpus"]),
+        id=row["id"],
+        metric=metric,
+        measured=measured,
+        predicted=value,
+        error_pct=100.0 * (value - measured) / measured,
+        source=row["source"],
+        gpu=row["gpu"],
+        arch=row.get("arch", ""),
+        model=row["model"],
+        num_gpus=int(row["num_gpus"]),
     )
 
 

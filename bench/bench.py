@@ -1,0 +1,42 @@
+"""Speed benchmarks: in-process estimates per second and the CLI's cold start for `estimate --json`.
+
+    python bench/bench.py            # prints the figures quoted in the README
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+
+import shardscope
+
+
+def estimates_per_second(seconds: float = 3.0) -> float:
+    plans = [
+        dict(model="llama3.1-405b", gpus=16384, tp=8, pp=16, vpp=4, global_batch=2048, seq_len=8192),
+        dict(model="llama3.1-70b", gpus=1024, tp=8, pp=4, global_batch=1024, seq_len=8192, recompute="full"),
+        dict(model="llama3.1-8b", gpus=64, fsdp=True, global_batch=256, micro_batch=2, seq_len=8192),
+    ]
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        p = dict(plans[n % len(plans)])
+        shardscope.estimate(p.pop("model"), gpu="H100", **p)
+        n += 1
+    return n / (time.perf_counter() - start)
+
+
+def cold_start_s(runs: int = 7) -> float:
+    cmd = [sys.executable, "-m", "shardscope", "estimate", "llama3.1-70b", "--gpus", "64", "--tp", "8", "--json"]
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, capture_output=True)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+if __name__ == "__main__":
+    print(f"in-process estimates/s: {estimates_per_second():,.0f}")
+    print(f"CLI cold start (estimate --json, median of 7): {cold_start_s():.3f} s")

@@ -1,0 +1,3 @@
+from shardscope.cli import app
+
+app(prog_name="shardscope")
