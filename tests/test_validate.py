@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -19,7 +20,8 @@ def test_spearman():
 
 def test_every_row_is_predicted_or_skipped_with_reason(public_csv):
     report = run_validation(public_csv)
-    n_rows = sum(1 for _ in open(public_csv)) - 1
+    with open(public_csv, newline="") as fh:
+        n_rows = len(list(csv.DictReader(fh)))
     assert len(report.rows) + len(report.skipped) == n_rows
     assert all(s["reason"] for s in report.skipped)
     assert {r.source for r in report.rows} >= {"MOSAICML_LLMFOUNDRY", "NARAYANAN2021", "LLAMA3_PAPER"}
