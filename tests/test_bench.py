@@ -6,8 +6,17 @@ from shardscope.validate.runner import run_validation
 
 
 def test_bench_estimate_405b_16k(benchmark):
-    est = benchmark(shardscope.estimate, "llama3.1-405b", gpu="H100", gpus=16384, tp=8, pp=16, vpp=4,
-                    global_batch=2048, seq_len=8192)
+    est = benchmark(
+        shardscope.estimate,
+        "llama3.1-405b",
+        gpu="H100",
+        gpus=16384,
+        tp=8,
+        pp=16,
+        vpp=4,
+        global_batch=2048,
+        seq_len=8192,
+    )
     assert est.step_time_s > 0
 
 

@@ -19,8 +19,25 @@ def run(*args: str):
 
 
 def test_estimate_json_schema():
-    r = run("estimate", "llama3.1-70b", "--gpu", "H100", "--gpus", "64", "--tp", "8", "--pp", "2",
-            "--global-batch", "64", "--seq-len", "8192", "--recompute", "selective", "--json")
+    r = run(
+        "estimate",
+        "llama3.1-70b",
+        "--gpu",
+        "H100",
+        "--gpus",
+        "64",
+        "--tp",
+        "8",
+        "--pp",
+        "2",
+        "--global-batch",
+        "64",
+        "--seq-len",
+        "8192",
+        "--recompute",
+        "selective",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["params"]["total"] == 70553706496 and isinstance(d["params"]["total"], int)
@@ -28,8 +45,14 @@ def test_estimate_json_schema():
         assert key in d["params"]
     for key in ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "hfu", "fits"):
         assert key in d
-    assert set(d["memory"]) >= {"peak_gib", "params_gib", "grads_gib", "optimizer_gib", "activations_gib",
-                                "buffers_gib"}
+    assert set(d["memory"]) >= {
+        "peak_gib",
+        "params_gib",
+        "grads_gib",
+        "optimizer_gib",
+        "activations_gib",
+        "buffers_gib",
+    }
     assert set(d["time"]) >= {"compute_s", "exposed_comm_s", "bubble_s", "optimizer_s"}
     assert d["plan"]["dp"] == 4
 
@@ -40,16 +63,19 @@ def test_estimate_table_output():
     assert "MFU" in r.stdout and "required" in r.stdout
 
 
-@pytest.mark.parametrize("args,needle", [
-    (("estimate", "llama-9000"), "unknown model"),
-    (("estimate", "llama3.1-8b", "--gpu", "H1000"), "unknown GPU"),
-    (("estimate", "llama3.1-8b", "--tp", "3"), "not divisible"),
-    (("estimate", "llama3.1-8b", "--gpus", "16", "--global-batch", "20", "--micro-batch", "2"), "not divisible"),
-    (("estimate", "llama3.1-8b", "--micro-batch", "0"), "positive"),
-    (("estimate", "llama3.1-8b", "--gpus", "-8"), "positive"),
-    (("estimate", "/nonexistent/config.json"), "not found"),
-    (("validate", "/nonexistent.csv"), "not found"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (("estimate", "llama-9000"), "unknown model"),
+        (("estimate", "llama3.1-8b", "--gpu", "H1000"), "unknown GPU"),
+        (("estimate", "llama3.1-8b", "--tp", "3"), "not divisible"),
+        (("estimate", "llama3.1-8b", "--gpus", "16", "--global-batch", "20", "--micro-batch", "2"), "not divisible"),
+        (("estimate", "llama3.1-8b", "--micro-batch", "0"), "positive"),
+        (("estimate", "llama3.1-8b", "--gpus", "-8"), "positive"),
+        (("estimate", "/nonexistent/config.json"), "not found"),
+        (("validate", "/nonexistent.csv"), "not found"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(args, needle):
     r = run(*args)
     assert r.exit_code == 2
@@ -73,12 +99,14 @@ def test_models_and_gpus_lists():
 
 def test_console_script_starts_without_torch():
     """`estimate --json` must not import torch or plotting libraries."""
-    code = ("import sys; from shardscope.cli import app; "
-            "sys.argv=['shardscope','estimate','llama3.1-8b','--json']; "
-            "import contextlib, io\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            "    try: app()\n"
-            "    except SystemExit: pass\n"
-            "print(any(m.split('.')[0] in ('torch','matplotlib','plotly','numpy') for m in sys.modules))")
+    code = (
+        "import sys; from shardscope.cli import app; "
+        "sys.argv=['shardscope','estimate','llama3.1-8b','--json']; "
+        "import contextlib, io\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try: app()\n"
+        "    except SystemExit: pass\n"
+        "print(any(m.split('.')[0] in ('torch','matplotlib','plotly','numpy') for m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

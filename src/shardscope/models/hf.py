@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from shardscope.errors import ShardscopeError
-from shardscope.models.spec import ModelSpec
+from shardscope.models.spec import GPT_BLOCK, ModelSpec
 
 LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "olmo2", "granite"}
 SUPPORTED = sorted(LLAMA_LIKE | {"gpt2", "gpt_neox", "mpt"})
@@ -69,12 +69,7 @@ def _gpt2(name: str, cfg: dict[str, Any]) -> ModelSpec:
         head_dim=hidden // heads,
         ffn_hidden=_positive("n_inner", cfg.get("n_inner") or 4 * hidden),
         vocab=_positive("vocab_size", _need(cfg, "vocab_size")),
-        mlp="gelu",
-        norm="layernorm",
-        norm_bias=True,
-        qkv_bias=True,
-        out_bias=True,
-        mlp_bias=True,
+        **GPT_BLOCK,
         tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         position="learned",
         pos_embedding_rows=_positive("n_positions", _need(cfg, "n_positions", "n_ctx")),

@@ -9,6 +9,9 @@ MlpKind = Literal["swiglu", "gelu"]
 NormKind = Literal["rmsnorm", "layernorm"]
 PositionKind = Literal["rope", "learned", "alibi"]
 
+# The GPT-2 / GPT-3 / MPT block: LayerNorm with bias, GeLU MLP, biases on every linear.
+GPT_BLOCK = dict(mlp="gelu", norm="layernorm", norm_bias=True, qkv_bias=True, out_bias=True, mlp_bias=True)
+
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:

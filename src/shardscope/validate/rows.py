@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster, make_cluster
-from shardscope.models.spec import ModelSpec
+from shardscope.models.spec import GPT_BLOCK, ModelSpec
 from shardscope.plan.plan import Plan, make_plan
 
 MEGATRON_SOURCES = {"MBRIDGE_PERF", "NEMO_2407_PERF"}
@@ -71,29 +71,10 @@ def model_from_row(row: dict[str, str]) -> ModelSpec:
     if name.startswith("nemotron"):  # squared-ReLU (non-gated) MLP, LayerNorm, RoPE, untied
         return ModelSpec(**common, mlp="gelu", norm="layernorm", position="rope")
     if name.startswith("mpt"):  # llm-foundry benchmark yamls: ALiBi, biases, tied embeddings
-        return ModelSpec(
-            **common,
-            mlp="gelu",
-            norm="layernorm",
-            norm_bias=True,
-            qkv_bias=True,
-            out_bias=True,
-            mlp_bias=True,
-            tied_embeddings=True,
-            position="alibi",
-        )
+        return ModelSpec(**common, **GPT_BLOCK, tied_embeddings=True, position="alibi")
     if name.startswith("gpt"):  # GPT-2/3 style: learned positions, biases, tied embeddings
         return ModelSpec(
-            **common,
-            mlp="gelu",
-            norm="layernorm",
-            norm_bias=True,
-            qkv_bias=True,
-            out_bias=True,
-            mlp_bias=True,
-            tied_embeddings=True,
-            position="learned",
-            pos_embedding_rows=_int(row, "seq_len"),
+            **common, **GPT_BLOCK, tied_embeddings=True, position="learned", pos_embedding_rows=_int(row, "seq_len")
         )
     raise SkipRow(f"unknown model family {row['model']!r}")
 
