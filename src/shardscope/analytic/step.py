@@ -70,10 +70,9 @@ class PhaseCost:
 
 def _phase_cost(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, backward: bool) -> PhaseCost:
     gpu = cluster.gpu
-    peak = gpu.peak_tflops(plan.precision)
     cost = PhaseCost()
     for op in unit.ops:
-        t = op_time_s(gpu, op, backward, peak, plan.attention_kernel, plan.seq_len)
+        t = op_time_s(gpu, op, backward, plan)
         cost.compute_s += t
         if op.kind == "gemm":
             cost.gemm_s += t
@@ -100,8 +99,7 @@ def _recompute_s(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, fw
     if plan.recompute == "full":
         return fwd.compute_s + fwd.exposed_s
     if plan.recompute == "selective":
-        gpu, peak = cluster.gpu, cluster.gpu.peak_tflops(plan.precision)
-        return sum(op_time_s(gpu, op, False, peak, plan.attention_kernel, plan.seq_len) for op in unit.ops if op.cheap)
+        return sum(op_time_s(cluster.gpu, op, False, plan) for op in unit.ops if op.cheap)
     return 0.0
 
 
@@ -122,7 +120,7 @@ def _fwd_flops(unit: OpGroup) -> float:
 
 def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
     gpu = cluster.gpu
-    graph = build_stage_graph(model, plan)
+    graph = build_stage_graph(model, plan, gpu.arch)
     groups = place_groups(cluster, plan)
     slow = overlap_slowdown(gpu)
     m = plan.grad_accum
@@ -143,10 +141,12 @@ def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
     # compute. Without resharding (ZeRO-2-like FSDP) weights stay gathered across the step's
     # micro-batches: one gather and one reduce-scatter per step, handled with the DP traffic below.
     per_microbatch_sharding = (plan.fsdp or plan.zero == 3) and plan.reshard_after_forward
+    # Weights travel in bf16, or in FP8 where the framework all-gathers FP8 weights (torchao / Megatron-FSDP).
+    gather_bytes = 1 if (plan.precision == "fp8" and plan.fp8_all_gather) else BF16
     fsdp_exposed_mb = fsdp_hidden_mb = 0.0
     if per_microbatch_sharding and plan.shard_size > 1:
         layer_local = layer_params_local(model, plan.tp)
-        ag = collective_time_s(cluster, "all_gather", BF16 * layer_local, groups.shard)
+        ag = collective_time_s(cluster, "all_gather", gather_bytes * layer_local, groups.shard)
         rs = collective_time_s(cluster, "reduce_scatter", GRAD_REDUCE_BYTES * layer_local, groups.shard)
         bwd_comm = rs + ag
         per_layer_exposed = max(0.0, ag - lf.compute_s) + max(0.0, bwd_comm - (lb.compute_s + l_rec))
@@ -204,7 +204,7 @@ def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
         dp_exposed += max(0.0, grad - bwd_window) + last_bucket
         dp_total += grad
         if sharded:
-            gather = collective_time_s(cluster, "all_gather", BF16 * params_stage, group)
+            gather = collective_time_s(cluster, "all_gather", gather_bytes * params_stage, group)
             dp_exposed += max(0.0, gather - stage_layers * lf.compute_s) + gather / max(stage_layers, 1)
             dp_total += gather
         compute_mb += max(dp_total - dp_exposed, 0.0) * slow / max(m, 1)
@@ -245,7 +245,7 @@ def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
     for s in stages:
         st = model_state_bytes(stage_params_local(model, plan, s), plan)
         act, workspace, inflight = activation_bytes(model, plan, graph, s)
-        buf = buffer_bytes(model, plan, graph, s) + workspace
+        buf = buffer_bytes(model, plan, graph, s, gpu.arch) + workspace
         allocated = st.params + st.grads + st.optimizer + act + buf
         overhead = CONTEXT_BYTES + FRAGMENTATION * (act + buf)
         mems.append((allocated + overhead, s, st, act, buf, overhead, inflight))

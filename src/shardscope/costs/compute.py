@@ -5,29 +5,34 @@ from __future__ import annotations
 from shardscope.costs.efficiency import HBM_FRACTION, KERNEL_GAP_S, attention_fraction, gemm_fraction
 from shardscope.graph.ops import Op
 from shardscope.hardware.catalog import GPU
+from shardscope.plan.plan import Plan
 
 
 def memory_time_s(gpu: GPU, nbytes: float) -> float:
     return nbytes / (gpu.hbm_gbps * 1e9 * HBM_FRACTION)
 
 
-def gemm_time_s(gpu: GPU, m: int, n: int, k: int, peak_tflops: float) -> float:
+def gemm_time_s(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16") -> float:
+    """Roofline of one GEMM: FLOPs at the size-dependent fraction of the precision's peak, or its
+    operand traffic at streaming bandwidth, whichever is longer; plus the inter-kernel gap."""
     flops = 2.0 * m * n * k
-    compute = flops / (peak_tflops * 1e12 * gemm_fraction(gpu, m, n, k))
-    io = 2.0 * (m * k + k * n + m * n)
+    compute = flops / (gpu.peak_tflops(precision) * 1e12 * gemm_fraction(gpu, m, n, k, precision))
+    elem = 1.0 if precision == "fp8" else 2.0
+    io = elem * (m * k + k * n) + 2.0 * m * n
     return max(compute, memory_time_s(gpu, io)) + KERNEL_GAP_S
 
 
-def op_time_s(gpu: GPU, op: Op, backward: bool, peak_tflops: float, kernel: str, seq_len: int) -> float:
+def op_time_s(gpu: GPU, op: Op, backward: bool, plan: Plan) -> float:
     """Forward or backward time of one op (backward of a GEMM = dgrad + wgrad GEMMs)."""
     if op.kind == "gemm":
         m, n, k = op.mnk
+        precision = "fp8" if op.fp8 and plan.precision == "fp8" else "bf16"
         if not backward:
-            return gemm_time_s(gpu, m, n, k, peak_tflops)
-        return gemm_time_s(gpu, m, k, n, peak_tflops) + gemm_time_s(gpu, k, n, m, peak_tflops)
+            return gemm_time_s(gpu, m, n, k, precision)
+        return gemm_time_s(gpu, m, k, n, precision) + gemm_time_s(gpu, k, n, m, precision)
     if op.kind == "attention":
         flops = op.bwd_flops if backward else op.flops
-        frac = attention_fraction(gpu, kernel, seq_len, backward)
+        frac = attention_fraction(gpu, plan.attention_kernel, plan.seq_len, backward)
         # Flash attention's compute runs at the BF16 rate even under FP8 GEMM recipes.
         io = memory_time_s(gpu, op.bwd_bytes if backward else op.bytes)
         return max(flops / (gpu.bf16_tflops * 1e12 * frac), io) + KERNEL_GAP_S

@@ -60,11 +60,12 @@ def clock_ratio(gpu: GPU) -> float:
     return gpu.matmul_sustained_fraction / gpu.matmul_burst_fraction
 
 
-def gemm_fraction(gpu: GPU, m: int, n: int, k: int) -> float:
+def gemm_fraction(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16") -> float:
     """Fraction of peak a GEMM of (M, N, K) reaches: sustained large-GEMM fraction x tile and wave
-    quantization x K-depth efficiency. Large, aligned GEMMs get `matmul_sustained_fraction`."""
+    quantization x K-depth efficiency. Large, aligned GEMMs get the GPU's sustained fraction."""
+    sustained = gpu.matmul_fraction(precision)
     if m <= 0 or n <= 0 or k <= 0:
-        return gpu.matmul_sustained_fraction
+        return sustained
     tm, tn = GEMM_TILE.get(gpu.arch, (128, 128))
     tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
     tiles = tiles_m * tiles_n
@@ -72,7 +73,7 @@ def gemm_fraction(gpu: GPU, m: int, n: int, k: int) -> float:
     waves = math.ceil(tiles / gpu.sms)
     wave_fill = tiles / (waves * gpu.sms)
     depth = (k / (k + GEMM_K0)) / (GEMM_K_REF / (GEMM_K_REF + GEMM_K0))
-    return gpu.matmul_sustained_fraction * tile_fill * wave_fill * min(depth, 1.02)
+    return sustained * tile_fill * wave_fill * min(depth, 1.02)
 
 
 def attention_fraction(gpu: GPU, kernel: str, seq_len: int, backward: bool) -> float:

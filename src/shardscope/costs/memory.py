@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardscope.graph.build import BF16, FP32, StageGraph
+from shardscope.graph.fp8 import weight_copy_bytes_per_param
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan
 
@@ -120,15 +121,20 @@ def activation_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int
     return saved, max(recompute_ws, 0.0) + grad_ws, chunks
 
 
-def buffer_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int) -> float:
-    """Transient buffers alive at the peak besides activations."""
+def buffer_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int, arch: str = "hopper") -> float:
+    """Transient buffers alive at the peak besides activations (and the step-long FP8 weight copies)."""
     buf = 0.0
     layer_local = layer_params_local(model, plan.tp)
+    gathered_layers = plan.stage_layers(model.layers)
     if (plan.fsdp or plan.zero == 3) and plan.shard_size > 1:
         # Current + prefetched gathered layer (bf16) and an unsharded fp32 gradient being reduce-scattered.
         buf += 2 * BF16 * layer_local + FP32 * layer_local
-        if not plan.reshard_after_forward:
+        if plan.reshard_after_forward:
+            gathered_layers = 2
+        else:
             buf += BF16 * stage_params_local(model, plan, stage)
+    if plan.precision == "fp8":
+        buf += weight_copy_bytes_per_param(plan, arch) * layer_local * gathered_layers
     if stage == plan.pp - 1:
         # Loss backward: fp32 gradient of the logits and its bf16 cast for the output GEMM.
         logits = graph.tokens * model.vocab / plan.tp

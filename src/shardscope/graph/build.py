@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardscope.graph.fp8 import quantization_bytes
 from shardscope.graph.ops import Collective, Op, Saved
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan
@@ -64,13 +65,13 @@ def _residual(name: str, model: ModelSpec, tokens: float) -> Op:
     return Op(name, "memory", bytes=3 * size, bwd_bytes=3 * size, cheap=True)
 
 
-def _gemm(name: str, m: float, n: int, k: int) -> Op:
+def _gemm(name: str, m: float, n: int, k: int, fp8: bool = False) -> Op:
     flops = 2.0 * m * n * k
     io = BF16 * (m * k + k * n + m * n)
-    return Op(name, "gemm", flops=flops, bytes=io, bwd_flops=2 * flops, bwd_bytes=2 * io, mnk=(int(m), n, k))
+    return Op(name, "gemm", flops=flops, bytes=io, bwd_flops=2 * flops, bwd_bytes=2 * io, mnk=(int(m), n, k), fp8=fp8)
 
 
-def layer_group(model: ModelSpec, plan: Plan) -> OpGroup:
+def layer_group(model: ModelSpec, plan: Plan, arch: str = "hopper") -> OpGroup:
     """One transformer block on one GPU for one micro-batch."""
     tp = plan.tp
     s = plan.seq_len
@@ -81,13 +82,15 @@ def layer_group(model: ModelSpec, plan: Plan) -> OpGroup:
     q, kv = nh * hd, kvh * hd
     f = model.ffn_hidden // tp
 
+    fp8 = plan.precision == "fp8"
+    gemm_in = 1 if fp8 else BF16  # an FP8 GEMM saves its input already quantized
     ops: list[Op] = []
     saved: list[Saved] = [Saved("layer input", BF16 * t_sp * h, ALL)]
 
     norm1, stats1 = _norm("attn norm", model, t_sp)
     ops.append(norm1)
-    saved += [stats1, Saved("attn norm out (qkv input)", BF16 * t_sp * h, NONE_ONLY)]
-    ops.append(_gemm("qkv proj", t, q + 2 * kv, h))
+    saved += [stats1, Saved("attn norm out (qkv input)", gemm_in * t_sp * h, NONE_ONLY)]
+    ops.append(_gemm("qkv proj", t, q + 2 * kv, h, fp8))
     if model.qk_norm:
         qk = BF16 * t * (q + kv)
         ops.append(Op("q/k norm", "memory", bytes=2 * qk, bwd_bytes=3 * qk, cheap=True))
@@ -122,29 +125,37 @@ def layer_group(model: ModelSpec, plan: Plan) -> OpGroup:
         )
         saved.append(Saved("attention logsumexp", FP32 * t * nh, NOT_FULL))
     saved.append(Saved("attention out", BF16 * t * q, NOT_FULL))
-    ops.append(_gemm("out proj", t, h, q))
+    if fp8:
+        saved.append(Saved("attention out (fp8 copy for out proj)", t * q, NONE_ONLY))
+    ops.append(_gemm("out proj", t, h, q, fp8))
     ops.append(_residual("attn residual add", model, t_sp))
     saved.append(Saved("attn residual (mlp norm input)", BF16 * t_sp * h, NOT_FULL))
 
     norm2, stats2 = _norm("mlp norm", model, t_sp)
     ops.append(norm2)
-    saved += [stats2, Saved("mlp norm out (mlp input)", BF16 * t_sp * h, NONE_ONLY)]
+    saved += [stats2, Saved("mlp norm out (mlp input)", gemm_in * t_sp * h, NONE_ONLY)]
+    up_width = 2 * f if model.mlp == "swiglu" else f
     if model.mlp == "swiglu":
-        ops.append(_gemm("gate/up proj", t, 2 * f, h))
+        ops.append(_gemm("gate/up proj", t, 2 * f, h, fp8))
         ops.append(Op("swiglu", "memory", bytes=3 * BF16 * t * f, bwd_bytes=5 * BF16 * t * f, cheap=True))
         saved += [
             Saved("gate, up", 2 * BF16 * t * f, NOT_FULL),
             Saved("silu(gate)", BF16 * t * f, NONE_ONLY),
-            Saved("swiglu out (down input)", BF16 * t * f, NONE_ONLY),
+            Saved("swiglu out (down input)", gemm_in * t * f, NONE_ONLY),
         ]
     else:
-        ops.append(_gemm("up proj", t, f, h))
+        ops.append(_gemm("up proj", t, f, h, fp8))
         ops.append(Op("gelu", "memory", bytes=2 * BF16 * t * f, bwd_bytes=3 * BF16 * t * f, cheap=True))
         saved += [
             Saved("up", BF16 * t * f, NOT_FULL),
-            Saved("gelu out (down input)", BF16 * t * f, NONE_ONLY),
+            Saved("gelu out (down input)", gemm_in * t * f, NONE_ONLY),
         ]
-    ops.append(_gemm("down proj", t, h, f))
+    ops.append(_gemm("down proj", t, h, f, fp8))
+    if fp8:
+        inputs = t * (2 * h + q + f)  # qkv, out, up and down GEMM inputs
+        grads = t * ((q + 2 * kv) + h + up_width + h)  # their output gradients
+        fwd_b, bwd_b = quantization_bytes(plan, arch, inputs, grads)
+        ops.append(Op("fp8 casts", "memory", bytes=fwd_b, bwd_bytes=bwd_b, cheap=True))
     ops.append(_residual("mlp residual add", model, t_sp))
     saved.append(Saved("down proj out", BF16 * t_sp * h, SELECTIVE_ONLY))
 
@@ -242,11 +253,11 @@ def head_group(model: ModelSpec, plan: Plan) -> OpGroup:
     return OpGroup(tuple(ops), tuple(saved), tuple(comms))
 
 
-def build_stage_graph(model: ModelSpec, plan: Plan) -> StageGraph:
+def build_stage_graph(model: ModelSpec, plan: Plan, arch: str = "hopper") -> StageGraph:
     t = plan.micro_batch * plan.seq_len // plan.cp
     t_sp = t / plan.tp if plan.sp else t
     return StageGraph(
-        layer=layer_group(model, plan),
+        layer=layer_group(model, plan, arch),
         embedding=embedding_group(model, plan),
         head=head_group(model, plan),
         tokens=t,

@@ -29,6 +29,7 @@ class Op:
     bwd_bytes: float = 0.0
     mnk: tuple[int, int, int] = (0, 0, 0)
     cheap: bool = False
+    fp8: bool = False  # a GEMM that an FP8 recipe runs in FP8 (fwd, dgrad and wgrad)
 
 
 @dataclass(frozen=True, slots=True)

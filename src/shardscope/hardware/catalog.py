@@ -38,9 +38,16 @@ class GPU:
     gpus_per_node: int
     matmul_burst_fraction: float
     matmul_sustained_fraction: float
+    fp8_matmul_sustained_fraction: float | None = None
     aliases: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
     notes: str = ""
+
+    def matmul_fraction(self, precision: str) -> float:
+        """Sustained fraction of the datasheet peak that large GEMMs of this precision reach."""
+        if precision == "fp8" and self.fp8_matmul_sustained_fraction:
+            return self.fp8_matmul_sustained_fraction
+        return self.matmul_sustained_fraction
 
     def peak_tflops(self, precision: str) -> float:
         if precision == "fp8":

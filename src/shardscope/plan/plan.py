@@ -14,7 +14,8 @@ from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
 
 Recompute = Literal["none", "selective", "full"]
-Precision = Literal["bf16", "fp16"]
+Precision = Literal["bf16", "fp16", "fp8"]
+Fp8Recipe = Literal["tensorwise", "delayed", "blockwise", "mxfp8"]
 AttentionKernel = Literal["auto", "fa2", "fa3", "cudnn", "unfused"]
 RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
 
@@ -46,6 +47,8 @@ class Plan:
     global_batch: int = 1
     seq_len: int = 2048
     precision: Precision = "bf16"
+    fp8_recipe: Fp8Recipe = "tensorwise"
+    fp8_all_gather: bool = False
     attention_kernel: AttentionKernel = "auto"
     tp_comm_overlap: bool = False
     causal_block_skip: bool = True
@@ -122,8 +125,10 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
     if plan.vpp > 1 and plan.pp == 1:
         raise ShardscopeError("--vpp > 1 (interleaved schedule) needs --pp > 1")
     stages = plan.pp * plan.vpp
-    if model.layers < stages:
-        raise ShardscopeError(f"pp·vpp = {stages} exceeds the {model.layers} layers of {model.name}")
+    # Megatron can count the embedding and the loss as one pipeline slot each
+    # (--account-for-embedding/loss-in-pipeline-split), so up to L + 2 model chunks are valid.
+    if stages > model.layers + 2:
+        raise ShardscopeError(f"pp·vpp = {stages} exceeds the {model.layers} layers (+2) of {model.name}")
     if plan.seq_len % plan.cp:
         raise ShardscopeError(f"--cp {plan.cp} does not divide --seq-len {plan.seq_len}")
     if plan.global_batch % (plan.micro_batch * dp):
@@ -135,8 +140,14 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         raise ShardscopeError(f"--shard-group {plan.shard_group} must divide dp = {dp}")
     if plan.recompute_layers < 0:
         raise ShardscopeError(f"--recompute-layers must be >= 0, got {plan.recompute_layers}")
-    if plan.precision not in ("bf16", "fp16"):
-        raise ShardscopeError(f"--precision must be bf16 or fp16 (fp8 is not modelled yet), got {plan.precision!r}")
+    if plan.precision not in ("bf16", "fp16", "fp8"):
+        raise ShardscopeError(f"--precision must be bf16, fp16 or fp8, got {plan.precision!r}")
+    if plan.fp8_recipe not in ("tensorwise", "delayed", "blockwise", "mxfp8"):
+        raise ShardscopeError(f"--fp8-recipe must be tensorwise, delayed, blockwise or mxfp8, got {plan.fp8_recipe!r}")
+    if plan.precision == "fp8":
+        cluster.gpu.peak_tflops("fp8")  # raises for GPUs without FP8 tensor cores
+        if plan.fp8_recipe == "mxfp8" and cluster.gpu.arch != "blackwell":
+            raise ShardscopeError(f"--fp8-recipe mxfp8 needs Blackwell tensor cores ({cluster.gpu.name} has none)")
     if plan.attention_kernel not in ("auto", "fa2", "fa3", "cudnn", "unfused"):
         raise ShardscopeError(
             f"--attention-kernel must be auto, fa2, fa3, cudnn or unfused, got {plan.attention_kernel!r}"

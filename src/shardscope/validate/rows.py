@@ -105,10 +105,20 @@ def _attention_kernel(row: dict[str, str]) -> str:
     return "auto"
 
 
+def fp8_recipe(row: dict[str, str]) -> str:
+    """The FP8 variant named in the row's notes (SOURCES.md): FP8-MX/MXFP8 is MX block scaling on
+    Blackwell and 128x128 / 1x128 block scaling on Hopper; FP8-CS is per-tensor current scaling;
+    NeMo 24.07 and llm-foundry's amp_fp8 used Transformer Engine's delayed scaling."""
+    notes = row.get("notes", "")
+    if "FP8-MX variant" in notes or re.search(r"precision as listed: (FP8-MX|MXFP8)\b", notes):
+        return "mxfp8" if row.get("gpu", "").upper() in ("B200", "GB200") else "blockwise"
+    if row.get("source") in ("NEMO_2407_PERF", "MOSAICML_LLMFOUNDRY"):
+        return "delayed"
+    return "tensorwise"
+
+
 def case_from_row(row: dict[str, str]) -> RowCase:
     precision = (row.get("precision") or "bf16").strip().lower()
-    if precision == "fp8":
-        raise SkipRow("FP8 training is modelled in a later release")
     model = model_from_row(row)
     cluster = make_cluster(row["gpu"], _int(row, "num_gpus"))
     recompute = (row.get("recompute") or "none").strip().lower()
@@ -127,7 +137,8 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             global_batch=_int(row, "global_batch"),
             seq_len=_int(row, "seq_len"),
             recompute=recompute,
-            precision="bf16",
+            precision="fp8" if precision == "fp8" else "bf16",
+            fp8_recipe=fp8_recipe(row) if precision == "fp8" else "tensorwise",
             attention_kernel=_attention_kernel(row),
             tp_comm_overlap=row.get("source") in MEGATRON_SOURCES,
             causal_block_skip=row.get("source") != "MOSAICML_LLMFOUNDRY",

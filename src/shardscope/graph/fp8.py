@@ -1,0 +1,41 @@
+"""FP8 training recipes: which GEMMs run in FP8, the quantization traffic, and the FP8 copies in memory.
+
+Transformer Engine / torchao recipes run every linear of a transformer block in FP8 (forward, dgrad,
+wgrad); the output layer, embedding and attention stay in BF16 (Megatron-Core and torchtitan defaults).
+
+Quantization traffic per element, in bytes (read + write), from what the kernels do:
+  tensorwise (current scaling): an amax pass (read 2) then the cast (read 2, write 1)        = 5
+  delayed scaling: amax fused into the cast with last steps' scale (read 2, write 1)         = 3
+  blockwise (Hopper 1x128 / 128x128) and MXFP8 (Blackwell, 1x32): one pass that writes the
+  row-wise and column-wise FP8 copies with their scales (read 2, write 2)                      = 4
+Backward quantizes each output gradient the same way; on Hopper per-tensor FP8 GEMMs only accept the
+TN layout, so wgrad needs transposed FP8 copies of the saved input (read 1, write 1 = 2).
+"""
+
+from __future__ import annotations
+
+from shardscope.plan.plan import Plan
+
+RECIPES = ("tensorwise", "delayed", "blockwise", "mxfp8")
+CAST_BYTES = {"tensorwise": 5.0, "delayed": 3.0, "blockwise": 4.0, "mxfp8": 4.0}
+TRANSPOSE_BYTES = 2.0
+
+
+def needs_transpose(plan: Plan, arch: str) -> bool:
+    return arch == "hopper" and plan.fp8_recipe in ("tensorwise", "delayed")
+
+
+def quantization_bytes(plan: Plan, arch: str, input_elems: float, grad_elems: float) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of the casts around a block's FP8 GEMMs."""
+    cast = CAST_BYTES[plan.fp8_recipe]
+    fwd = cast * input_elems
+    bwd = cast * grad_elems + (TRANSPOSE_BYTES * input_elems if needs_transpose(plan, arch) else 0.0)
+    return fwd, bwd
+
+
+def weight_copy_bytes_per_param(plan: Plan, arch: str) -> float:
+    """FP8 copies of the weights kept for the step: the FP8 tensor, plus its transpose (Hopper
+    per-tensor) or its column-wise copy (block/MX scaling, which also stores one scale per block)."""
+    if plan.fp8_recipe in ("blockwise", "mxfp8"):
+        return 2.0 + 2.0 / 32
+    return 2.0 if needs_transpose(plan, arch) else 1.0
