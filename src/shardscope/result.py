@@ -11,6 +11,7 @@ class ParamCounts:
     total: int  # exact parameter count of the model
     per_gpu: int  # parameters held by the most-loaded GPU before ZeRO/FSDP sharding (after TP/PP)
     per_gpu_sharded: float  # ... after ZeRO/FSDP sharding of the weights
+    active: int = 0  # parameters a token passes through (MoE: routed experts only for the top-k)
 
 
 @dataclass(frozen=True, slots=True)

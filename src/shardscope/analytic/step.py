@@ -1,13 +1,14 @@
 """Step time, throughput, MFU and memory of one optimizer step, summed over the op graph.
 
 Step = m·(stage compute + exposed stage comm) + pipeline bubble + exposed DP comm + optimizer, where m is
-the number of micro-batches per step on the slowest pipeline stage. Bubble: (pp-1)/vpp of one
-micro-batch's forward+backward on a middle stage (1F1B / interleaved 1F1B, Narayanan et al. 2021 §2.2).
+the number of micro-batches per step and the stage is the slowest pipeline rank. Bubble: (pp-1)/vpp of
+one micro-batch's forward+backward on a typical stage (1F1B / interleaved 1F1B, Narayanan et al. 2021).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import dataclass, fields
 
 from shardscope.costs.comm import GroupPlacement, collective_time_s, place_group
 from shardscope.costs.compute import memory_time_s, op_time_s
@@ -18,13 +19,14 @@ from shardscope.costs.memory import (
     GIB,
     activation_bytes,
     buffer_bytes,
-    layer_params_local,
-    model_state_bytes,
-    stage_params_local,
+    dense_params_local,
+    expert_params_local,
+    rank_params_local,
+    rank_state_bytes,
 )
 from shardscope.graph.build import BF16, FP32, OpGroup, build_stage_graph
 from shardscope.hardware.catalog import Cluster
-from shardscope.models.spec import ModelSpec
+from shardscope.models.spec import LayerKind, ModelSpec
 from shardscope.plan.plan import Plan
 from shardscope.result import Estimate, MemoryBreakdown, ParamCounts, TimeBreakdown
 
@@ -38,22 +40,30 @@ GRAD_REDUCE_BYTES = FP32  # gradients are reduced in fp32 (Megatron bf16 default
 class Groups:
     tp: GroupPlacement
     cp: GroupPlacement
-    dp: GroupPlacement
+    dp: GroupPlacement  # data-parallel gradient group: dp·cp ranks (CP ranks hold the same weights)
     pp: GroupPlacement
     shard: GroupPlacement
     replicate: GroupPlacement
+    ep: GroupPlacement
+    etp: GroupPlacement
+    edp: GroupPlacement
 
 
 def place_groups(cluster: Cluster, plan: Plan) -> Groups:
-    """Megatron rank order tp-cp-dp-pp: each group's stride is the product of the inner sizes."""
+    """Megatron rank order tp-cp-dp-pp (experts: etp-ep-edp): each group's stride is the product of the
+    inner sizes."""
     shard = plan.shard_size
+    inner = plan.tp
     return Groups(
         tp=place_group(cluster, plan.tp, 1),
-        cp=place_group(cluster, plan.cp, plan.tp),
-        dp=place_group(cluster, plan.dp, plan.tp * plan.cp),
+        cp=place_group(cluster, plan.cp, inner),
+        dp=place_group(cluster, plan.dp * plan.cp, inner),
         pp=place_group(cluster, plan.pp, plan.tp * plan.cp * plan.dp),
-        shard=place_group(cluster, shard, plan.tp * plan.cp),
-        replicate=place_group(cluster, plan.dp // shard, plan.tp * plan.cp * shard),
+        shard=place_group(cluster, shard, inner),
+        replicate=place_group(cluster, plan.dp * plan.cp // shard, inner * shard),
+        ep=place_group(cluster, plan.ep, plan.etp),
+        etp=place_group(cluster, plan.etp, 1),
+        edp=place_group(cluster, plan.expert_dp, plan.ep * plan.etp),
     )
 
 
@@ -69,10 +79,9 @@ class PhaseCost:
 
 
 def _phase_cost(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, backward: bool) -> PhaseCost:
-    gpu = cluster.gpu
     cost = PhaseCost()
     for op in unit.ops:
-        t = op_time_s(gpu, op, backward, plan)
+        t = op_time_s(cluster.gpu, op, backward, plan)
         cost.compute_s += t
         if op.kind == "gemm":
             cost.gemm_s += t
@@ -94,28 +103,68 @@ def _phase_cost(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, bac
     return cost
 
 
-def _recompute_s(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, fwd: PhaseCost) -> float:
-    """Extra forward work in backward: the whole forward (full) or its cheap ops (selective)."""
+@dataclass(frozen=True, slots=True)
+class LayerCost:
+    """Per micro-batch costs of one layer kind on one GPU."""
+
+    fwd: PhaseCost
+    bwd: PhaseCost
+    recompute_s: float  # extra forward work in backward (compute only)
+    recompute_comm_s: float  # TP/CP communication re-run by full recompute
+    fsdp_exposed_s: float
+    fsdp_hidden_s: float
+    fsdp_gather_s: float  # one all-gather of the layer (the first one of a step is never hidden)
+
+
+def _layer_cost(
+    cluster: Cluster, plan: Plan, groups: Groups, model: ModelSpec, kind: LayerKind, unit: OpGroup, gather_bytes: float
+) -> LayerCost:
+    fwd = _phase_cost(cluster, plan, groups, unit, backward=False)
+    bwd = _phase_cost(cluster, plan, groups, unit, backward=True)
     if plan.recompute == "full":
-        return fwd.compute_s + fwd.exposed_s
-    if plan.recompute == "selective":
-        return sum(op_time_s(cluster.gpu, op, False, plan) for op in unit.ops if op.cheap)
-    return 0.0
+        rec, rec_comm = fwd.compute_s, fwd.exposed_s
+    elif plan.recompute == "selective":
+        rec, rec_comm = sum(op_time_s(cluster.gpu, op, False, plan) for op in unit.ops if op.cheap), 0.0
+    else:
+        rec, rec_comm = 0.0, 0.0
+    exposed = hidden = ag = 0.0
+    if (plan.fsdp or plan.zero == 3) and plan.reshard_after_forward:
+        # FSDP / ZeRO-3 (reshard after forward): every micro-batch all-gathers the layer in forward and
+        # again in backward and reduce-scatters its gradient, prefetched under the neighbour's compute.
+        dense = dense_params_local(model, plan.tp, kind)
+        expert = expert_params_local(model, kind, plan.ep, plan.etp)
+        ag = collective_time_s(cluster, "all_gather", gather_bytes * dense, groups.shard) + collective_time_s(
+            cluster, "all_gather", gather_bytes * expert, groups.edp
+        )
+        rs = collective_time_s(cluster, "reduce_scatter", GRAD_REDUCE_BYTES * dense, groups.shard) + (
+            collective_time_s(cluster, "reduce_scatter", GRAD_REDUCE_BYTES * expert, groups.edp)
+        )
+        exposed = max(0.0, ag - fwd.compute_s) + max(0.0, ag + rs - (bwd.compute_s + rec))
+        hidden = 2 * ag + rs - exposed
+    return LayerCost(fwd, bwd, rec, rec_comm, exposed, hidden, ag)
 
 
-def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+@dataclass(slots=True)
+class Stage:
+    compute: float = 0.0  # per micro-batch
+    exposed: float = 0.0
+    hidden: float = 0.0
+    recompute: float = 0.0
+    fwd: float = 0.0  # forward compute only (window for gathers)
+    bwd: float = 0.0  # backward compute incl. recompute (window for gradient reduction)
+    first_gather: float = 0.0
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int, causal: bool = True) -> float:
     """Model FLOPs per token (forward + backward = 3x forward, no recompute): every weight multiply
-    (2 FLOPs per weight per token, output layer included, embedding lookups excluded) and causal
-    attention (QK^T and PV over (s+1)/2 keys on average: 2·2·q_dim·(s+1)/2 per layer)."""
-    layer_weights = model.hidden * (model.q_dim + 2 * model.kv_dim) + model.q_dim * model.hidden
-    layer_weights += (3 if model.mlp == "swiglu" else 2) * model.hidden * model.ffn_hidden
-    fwd = 2.0 * (model.layers * layer_weights + model.vocab * model.hidden)
-    fwd += model.layers * 2.0 * model.q_dim * (seq_len + 1)
+    (2 FLOPs per weight per token, routed experts only for the top-k, output layer included, embedding
+    lookups excluded) and attention (QK^T and PV over the keys each query sees: causal (s+1)/2, window,
+    chunk)."""
+    fwd = 2.0 * model.vocab * model.hidden
+    for kind, n in Counter(model.layer_kinds()).items():
+        attn = 2.0 * model.heads * (model.qk_head_dim + model.v_head_dim) * model.keys_per_query(kind, seq_len, causal)
+        fwd += n * (2.0 * model.matmul_params_per_token(kind) + attn)
     return 3.0 * fwd
-
-
-def _fwd_flops(unit: OpGroup) -> float:
-    return sum(op.flops for op in unit.ops)
 
 
 def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
@@ -124,131 +173,110 @@ def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
     groups = place_groups(cluster, plan)
     slow = overlap_slowdown(gpu)
     m = plan.grad_accum
-    stage_layers = plan.stage_layers(model.layers)
-
-    # ---- one layer, one micro-batch --------------------------------------------------------------
-    lf = _phase_cost(cluster, plan, groups, graph.layer, backward=False)
-    lb = _phase_cost(cluster, plan, groups, graph.layer, backward=True)
-    l_rec = _recompute_s(cluster, plan, groups, graph.layer, lf)
-    rec_layers = (
-        plan.recomputed_layers(stage_layers)
-        if plan.recompute == "full"
-        else (stage_layers if plan.recompute == "selective" else 0)
-    )
-
-    # FSDP / ZeRO-3 (reshard after forward): every micro-batch all-gathers each layer in forward and
-    # again in backward and reduce-scatters its gradient, prefetched under the neighbouring layer's
-    # compute. Without resharding (ZeRO-2-like FSDP) weights stay gathered across the step's
-    # micro-batches: one gather and one reduce-scatter per step, handled with the DP traffic below.
     per_microbatch_sharding = (plan.fsdp or plan.zero == 3) and plan.reshard_after_forward
     # Weights travel in bf16, or in FP8 where the framework all-gathers FP8 weights (torchao / Megatron-FSDP).
     gather_bytes = 1 if (plan.precision == "fp8" and plan.fp8_all_gather) else BF16
-    fsdp_exposed_mb = fsdp_hidden_mb = 0.0
-    if per_microbatch_sharding and plan.shard_size > 1:
-        layer_local = layer_params_local(model, plan.tp)
-        ag = collective_time_s(cluster, "all_gather", gather_bytes * layer_local, groups.shard)
-        rs = collective_time_s(cluster, "reduce_scatter", GRAD_REDUCE_BYTES * layer_local, groups.shard)
-        bwd_comm = rs + ag
-        per_layer_exposed = max(0.0, ag - lf.compute_s) + max(0.0, bwd_comm - (lb.compute_s + l_rec))
-        fsdp_exposed_mb = stage_layers * per_layer_exposed + ag  # the first gather has nothing to hide under
-        fsdp_hidden_mb = stage_layers * (ag + bwd_comm) - fsdp_exposed_mb + ag
-
-    # ---- stages ----------------------------------------------------------------------------------
+    costs = {k: _layer_cost(cluster, plan, groups, model, k, g, gather_bytes) for k, g in graph.layers.items()}
     ef = _phase_cost(cluster, plan, groups, graph.embedding, backward=False)
     eb = _phase_cost(cluster, plan, groups, graph.embedding, backward=True)
     hf = _phase_cost(cluster, plan, groups, graph.head, backward=False)
     hb = _phase_cost(cluster, plan, groups, graph.head, backward=True)
+    p2p = collective_time_s(cluster, "send_recv", graph.boundary_bytes, groups.pp) if plan.pp > 1 else 0.0
+    rank_layers = plan.rank_layers(model.layers)
 
-    def stage_cost(stage: int) -> tuple[float, float, float, float]:
-        """(compute, exposed comm, hidden comm, recompute) per micro-batch on `stage`."""
-        compute = stage_layers * (lf.compute_s + lb.compute_s) + rec_layers * l_rec
-        exposed = stage_layers * (lf.exposed_s + lb.exposed_s)
-        hidden = stage_layers * (lf.hidden_s + lb.hidden_s)
-        if plan.recompute == "full":  # the recomputed forward re-runs its TP/CP communication
-            compute -= rec_layers * lf.exposed_s
-            exposed += rec_layers * lf.exposed_s
-        recompute = rec_layers * l_rec - (rec_layers * lf.exposed_s if plan.recompute == "full" else 0.0)
-        if stage == 0:
-            compute += ef.compute_s + eb.compute_s
-            exposed += ef.exposed_s + eb.exposed_s
-        if stage == plan.pp - 1:
-            compute += hf.compute_s + hb.compute_s
-            exposed += hf.exposed_s + hb.exposed_s
-        if plan.pp > 1:  # activations / gradients to and from the neighbouring stages, per model chunk
-            p2p = collective_time_s(cluster, "send_recv", graph.boundary_bytes, groups.pp)
-            exposed += 2 * plan.vpp * p2p
-        exposed += fsdp_exposed_mb
-        hidden += fsdp_hidden_mb
-        compute += hidden * slow
-        return compute, exposed, hidden, recompute
+    def stage_cost(rank: int) -> Stage:
+        st = Stage()
+        layers = rank_layers[rank]
+        n_rec = plan.recomputed_layers(len(layers)) if plan.recompute == "full" else len(layers)
+        for part, recomputed in ((layers[:n_rec], plan.recompute != "none"), (layers[n_rec:], False)):
+            for kind, n in model.kind_counts(part).items():
+                c = costs[kind]
+                rec = c.recompute_s if recomputed else 0.0
+                rec_comm = c.recompute_comm_s if recomputed else 0.0
+                st.compute += n * (c.fwd.compute_s + c.bwd.compute_s + rec)
+                st.recompute += n * rec
+                st.exposed += n * (c.fwd.exposed_s + c.bwd.exposed_s + rec_comm + c.fsdp_exposed_s)
+                st.hidden += n * (c.fwd.hidden_s + c.bwd.hidden_s + c.fsdp_hidden_s)
+                st.fwd += n * c.fwd.compute_s
+                st.bwd += n * (c.bwd.compute_s + rec)
+        if layers:
+            st.first_gather = costs[graph.kinds[layers[0]]].fsdp_gather_s
+        st.exposed += st.first_gather  # the first gather of each micro-batch has nothing to hide under
+        if rank == 0:
+            st.compute += ef.compute_s + eb.compute_s
+            st.exposed += ef.exposed_s + eb.exposed_s
+        if rank == plan.pp - 1:
+            st.compute += hf.compute_s + hb.compute_s
+            st.exposed += hf.exposed_s + hb.exposed_s
+        st.exposed += 2 * plan.vpp * p2p  # activations / gradients to and from the neighbouring stages
+        st.compute += st.hidden * slow
+        return st
 
-    stages = {s: stage_cost(s) for s in sorted({0, plan.pp - 1, min(1, plan.pp - 1)})}
-    slowest = max(stages, key=lambda s: stages[s][0] + stages[s][1])
-    compute_mb, exposed_mb, hidden_mb, recompute_mb = stages[slowest]
-    mid = stages[min(1, plan.pp - 1)] if plan.pp > 2 else stages[slowest]
-    bubble = (plan.pp - 1) / plan.vpp * (mid[0] + mid[1]) if plan.pp > 1 else 0.0
+    stages = [stage_cost(r) for r in range(plan.pp)]
+    slowest = max(range(plan.pp), key=lambda r: stages[r].compute + stages[r].exposed)
+    s = stages[slowest]
+    typical = sorted(st.compute + st.exposed for st in stages)[plan.pp // 2]
+    bubble = (plan.pp - 1) / plan.vpp * typical if plan.pp > 1 else 0.0
 
-    # ---- data-parallel gradient reduction and parameter gather (non-FSDP) ------------------------
-    params_stage = max(stage_params_local(model, plan, s) for s in stages)
+    # ---- data-parallel gradient reduction and parameter gather (once per step) -------------------
+    dense_s, expert_s = rank_params_local(model, plan, slowest)
     dp_exposed = dp_total = 0.0
-    if not per_microbatch_sharding and plan.dp > 1:
-        # Once per step: gradients reduced (all-reduce for DDP, reduce-scatter when sharded) under the
-        # last micro-batch's backward (bucketed, Megatron overlap_grad_reduce), and sharded weights
-        # gathered back under the next step's first forward (overlap_param_gather).
+    if not per_microbatch_sharding:
+        # Gradients reduced (all-reduce for DDP, reduce-scatter when sharded) under the last
+        # micro-batch's backward (bucketed, Megatron overlap_grad_reduce); sharded weights gathered
+        # back under the next step's first forward (overlap_param_gather).
         sharded = plan.zero >= 1 or plan.fsdp
-        group = groups.shard if sharded else groups.dp
         kind = "reduce_scatter" if sharded else "all_reduce"
-        grad = collective_time_s(cluster, kind, GRAD_REDUCE_BYTES * params_stage, group)
-        last_bucket = grad / max(stage_layers, 1)
-        bwd_window = stage_layers * lb.compute_s + rec_layers * l_rec
-        dp_exposed += max(0.0, grad - bwd_window) + last_bucket
+        grad = collective_time_s(cluster, kind, GRAD_REDUCE_BYTES * dense_s, groups.shard if sharded else groups.dp)
+        grad += collective_time_s(cluster, kind, GRAD_REDUCE_BYTES * expert_s, groups.edp)
+        n_layers = max(len(rank_layers[slowest]), 1)
+        dp_exposed += max(0.0, grad - s.bwd) + grad / n_layers
         dp_total += grad
         if sharded:
-            gather = collective_time_s(cluster, "all_gather", gather_bytes * params_stage, group)
-            dp_exposed += max(0.0, gather - stage_layers * lf.compute_s) + gather / max(stage_layers, 1)
+            gather = collective_time_s(cluster, "all_gather", gather_bytes * dense_s, groups.shard)
+            gather += collective_time_s(cluster, "all_gather", gather_bytes * expert_s, groups.edp)
+            dp_exposed += max(0.0, gather - s.fwd) + gather / n_layers
             dp_total += gather
-        compute_mb += max(dp_total - dp_exposed, 0.0) * slow / max(m, 1)
-    if (plan.fsdp or plan.zero == 3) and plan.shard_size < plan.dp:  # HSDP: all-reduce across replicas
-        rep = collective_time_s(
-            cluster, "all_reduce", GRAD_REDUCE_BYTES * params_stage / plan.shard_size, groups.replicate
-        )
+    if (plan.fsdp or plan.zero == 3) and plan.shard_size < plan.dp * plan.cp:  # HSDP: all-reduce across replicas
+        rep = collective_time_s(cluster, "all_reduce", GRAD_REDUCE_BYTES * dense_s / plan.shard_size, groups.replicate)
         dp_exposed += rep
         dp_total += rep
+    compute_mb = s.compute + max(dp_total - dp_exposed, 0.0) * slow / max(m, 1)
 
-    state = model_state_bytes(params_stage, plan)
-    optimizer_s = memory_time_s(
-        gpu,
-        OPTIMIZER_BYTES_PER_PARAM * params_stage / max(plan.shard_size, 1)
-        if (plan.zero >= 1 or plan.fsdp)
-        else OPTIMIZER_BYTES_PER_PARAM * params_stage,
-    )
+    sharded_opt = plan.zero >= 1 or plan.fsdp
+    opt_params = (dense_s / plan.shard_size + expert_s / plan.expert_shard_size) if sharded_opt else dense_s + expert_s
+    optimizer_s = memory_time_s(gpu, OPTIMIZER_BYTES_PER_PARAM * opt_params)
 
     compute_s = m * compute_mb
-    exposed_s = m * exposed_mb + dp_exposed
+    exposed_s = m * s.exposed + dp_exposed
     step = compute_s + exposed_s + bubble + optimizer_s
 
     # ---- FLOPs -----------------------------------------------------------------------------------
     tokens = plan.global_batch * plan.seq_len
-    model_flops = tokens * model_flops_per_token(model, plan.seq_len)
+    model_flops = tokens * model_flops_per_token(model, plan.seq_len, plan.causal)
+    if plan.mtp and model.mtp_layers:  # each MTP module: one more block and output-layer pass per token
+        kind = LayerKind("full", "moe" if model.moe else "dense")
+        mtp_fwd = 2.0 * (model.matmul_params_per_token(kind) + model.vocab * model.hidden + 2 * model.hidden**2)
+        model_flops += tokens * 3.0 * model.mtp_layers * mtp_fwd
     recompute_flops = 0.0
     if plan.recompute == "full":
-        layer_fwd = _fwd_flops(graph.layer) * plan.tp * plan.cp  # as executed (a layer's whole TP/CP group)
         mb_per_step = plan.global_batch // plan.micro_batch
-        recompute_flops = layer_fwd * plan.recomputed_layers(stage_layers) * plan.pp * mb_per_step
+        for layers in rank_layers:
+            for kind, n in model.kind_counts(layers[: plan.recomputed_layers(len(layers))]).items():
+                unit_flops = sum(op.flops for op in graph.layers[kind].ops)
+                recompute_flops += n * unit_flops * plan.tp * plan.cp * mb_per_step
     hardware_flops = model_flops + recompute_flops
     peak = gpu.peak_tflops(plan.precision) * 1e12
 
-    mtflops = model_flops / step / plan.gpus / 1e12
-
     # ---- memory ----------------------------------------------------------------------------------
     mems = []
-    for s in stages:
-        st = model_state_bytes(stage_params_local(model, plan, s), plan)
-        act, workspace, inflight = activation_bytes(model, plan, graph, s)
-        buf = buffer_bytes(model, plan, graph, s, gpu.arch) + workspace
+    for r in sorted({0, plan.pp - 1, slowest, plan.pp // 2}):
+        st = rank_state_bytes(model, plan, r)
+        act, workspace, inflight = activation_bytes(model, plan, graph, r)
+        buf = buffer_bytes(model, plan, graph, r, gpu.arch) + workspace
         allocated = st.params + st.grads + st.optimizer + act + buf
         overhead = CONTEXT_BYTES + FRAGMENTATION * (act + buf)
-        mems.append((allocated + overhead, s, st, act, buf, overhead, inflight))
+        mems.append((allocated + overhead, r, st, act, buf, overhead, inflight))
     required, mstage, st, act, buf, overhead, inflight = max(mems, key=lambda x: x[0])
     memory = MemoryBreakdown(
         peak_gib=(required - overhead) / GIB,
@@ -269,32 +297,33 @@ def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
         warnings.append(f"interleaved schedule: micro-batches per step ({m}) not a multiple of pp ({plan.pp})")
     if plan.pp > 1 and m < plan.pp:
         warnings.append(f"only {m} micro-batches for {plan.pp} pipeline stages: the bubble dominates")
-    tp_hidden = stages[slowest][2]
+    if graph.routing.dropped_fraction > 0:
+        warnings.append(f"capacity factor drops {graph.routing.dropped_fraction:.1%} of token-expert assignments")
+    max_params = max(sum(rank_params_local(model, plan, r)) for r in {0, plan.pp - 1, slowest, plan.pp // 2})
+    state_w = st.params / (4 if plan.fsdp else 2)
     time = TimeBreakdown(
         compute_s=compute_s,
         exposed_comm_s=exposed_s,
         bubble_s=bubble,
         optimizer_s=optimizer_s,
-        recompute_s=m * recompute_mb,
-        comm_total_s=m * (exposed_mb + tp_hidden) + dp_total,
+        recompute_s=m * s.recompute,
+        comm_total_s=m * (s.exposed + s.hidden) + dp_total,
         detail={
-            "layer_fwd_s": lf.compute_s,
-            "layer_bwd_s": lb.compute_s,
-            "layer_tp_cp_exposed_s": lf.exposed_s + lb.exposed_s,
-            "fsdp_exposed_per_microbatch_s": fsdp_exposed_mb,
             "dp_exposed_s": dp_exposed,
             "slowest_stage": float(slowest),
+            "moe_hot_rank_factor": graph.routing.hot_rank_factor,
         },
     )
     return Estimate(
         model=model.name,
         gpu=gpu.name,
         gpus=plan.gpus,
-        plan=asdict(plan) | {"grad_accum": m, "sharding": plan.sharding_name},
+        plan={f.name: getattr(plan, f.name) for f in fields(plan)} | {"grad_accum": m, "sharding": plan.sharding_name},
         params=ParamCounts(
             total=model.params_total,
-            per_gpu=int(round(params_stage)),
-            per_gpu_sharded=state.params / (4 if plan.fsdp else 2),
+            per_gpu=int(round(max_params)),
+            per_gpu_sharded=state_w,
+            active=model.params_active,
         ),
         step_time_s=step,
         tokens_per_step=tokens,
@@ -302,7 +331,7 @@ def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
         tokens_per_s_per_gpu=tokens / step / plan.gpus,
         model_flops_per_step=model_flops,
         hardware_flops_per_step=hardware_flops,
-        model_tflops_per_gpu=mtflops,
+        model_tflops_per_gpu=model_flops / step / plan.gpus / 1e12,
         hardware_tflops_per_gpu=hardware_flops / step / plan.gpus / 1e12,
         mfu=model_flops / step / plan.gpus / peak,
         hfu=hardware_flops / step / plan.gpus / peak,

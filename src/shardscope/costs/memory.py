@@ -7,10 +7,13 @@ Model state per parameter (mixed precision with Adam; Rajbhandari et al. 2020, Z
   PyTorch FSDP (`fsdp=True`): the sharded fp32 parameters are the master weights (4 B), fp32 sharded
   grads (4 B), Adam m, v (8 B), all over the shard group; bf16 copies of whole layers exist only while
   gathered (buffers).
+Dense parameters shard over the data-parallel ranks (dp·cp, or the HSDP shard group); routed experts,
+split over ep·etp ranks, shard their state over the expert-data-parallel ranks tp·cp·dp/(ep·etp)
+(Megatron MoE parallel folding).
 
 Activations: the in-flight micro-batches of the stage (1F1B holds pp - stage of them; the interleaved
 schedule holds (pp - 1)·2 + (vpp - 1)·pp + 1 model chunks on the first rank, Narayanan et al. 2021)
-times the saved bytes per layer of the recompute policy, plus one layer's backward working set.
+times the saved bytes of their layers under the recompute policy, plus one layer's backward working set.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 from shardscope.graph.build import BF16, FP32, StageGraph
 from shardscope.graph.fp8 import weight_copy_bytes_per_param
-from shardscope.models.spec import ModelSpec
+from shardscope.models.spec import LayerKind, ModelSpec
 from shardscope.plan.plan import Plan
 
 GIB = 2**30
@@ -31,36 +34,65 @@ CONTEXT_BYTES = 1.0 * GIB
 FRAGMENTATION = 0.05
 
 
-def layer_params_local(model: ModelSpec, tp: int) -> float:
-    """Parameters of one transformer block on one TP rank (norms and row-parallel biases replicated)."""
-    h, q, kv = model.hidden, model.q_dim, model.kv_dim
-    sharded = h * (q + 2 * kv) + q * h
-    sharded += (3 if model.mlp == "swiglu" else 2) * h * model.ffn_hidden
+def layer_params_local(model: ModelSpec, tp: int, kind: LayerKind | None = None, ep: int = 1, etp: int = 1) -> float:
+    """Parameters of one block on one GPU: TP-split weights / tp + replicated norms and row-parallel
+    biases; routed experts / (ep·etp) (see `expert_params_local` for that part alone)."""
+    kind = kind or model.layer_kind(0)
+    return dense_params_local(model, tp, kind) + expert_params_local(model, kind, ep, etp)
+
+
+def dense_params_local(model: ModelSpec, tp: int, kind: LayerKind) -> float:
+    h = model.hidden
     replicated = 2 * model.norm_params
-    if model.qkv_bias:
-        sharded += q + 2 * kv
-    if model.out_bias:
-        replicated += h
-    if model.qk_norm:
-        replicated += 2 * model.head_dim
-    if model.mlp_bias:
-        sharded += model.ffn_hidden if model.mlp == "gelu" else 2 * model.ffn_hidden
-        replicated += h
+    if model.mla:
+        a = model.mla
+        down = h * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank
+        if a.q_lora_rank:
+            down += h * a.q_lora_rank + a.q_lora_rank
+        replicated += down  # down-projections are replicated across TP ranks
+        sharded = model.attention_params - down
+    else:
+        q, kv = model.heads * model.head_dim, model.kv_dim
+        sharded = h * (q + 2 * kv) + q * h + (q + 2 * kv if model.qkv_bias else 0) + (model.heads if model.sinks else 0)
+        replicated += (h if model.out_bias else 0) + (2 * model.head_dim if model.qk_norm else 0)
+    if kind.mlp == "moe":
+        replicated += model.router_params
+        sharded += model.shared_expert_params
+    else:
+        mats = 3 if model.mlp == "swiglu" else 2
+        sharded += mats * h * model.ffn_hidden
+        if model.mlp_bias:
+            sharded += (mats - 1) * model.ffn_hidden
+            replicated += h
     return sharded / tp + replicated
 
 
-def stage_params_local(model: ModelSpec, plan: Plan, stage: int) -> float:
-    """Parameters held by one GPU of pipeline stage `stage` (TP-sharded, before ZeRO/FSDP)."""
-    n = plan.stage_layers(model.layers) * layer_params_local(model, plan.tp)
+def expert_params_local(model: ModelSpec, kind: LayerKind, ep: int, etp: int) -> float:
+    if kind.mlp != "moe" or model.moe is None:
+        return 0.0
+    return model.moe.experts * model.expert_params / (ep * etp)
+
+
+def rank_params_local(model: ModelSpec, plan: Plan, rank: int) -> tuple[float, float]:
+    """(dense, expert) parameters on one GPU of pipeline rank `rank` (TP/EP-split, before ZeRO/FSDP)."""
+    counts = model.kind_counts(plan.rank_layers(model.layers)[rank])
+    dense = sum(n * dense_params_local(model, plan.tp, k) for k, n in counts.items())
+    expert = sum(n * expert_params_local(model, k, plan.ep, plan.etp) for k, n in counts.items())
     vocab_rows = model.vocab * model.hidden / plan.tp
-    if stage == 0:
-        n += vocab_rows + model.pos_embedding_rows * model.hidden
-    if stage == plan.pp - 1:
-        n += model.norm_params
+    if rank == 0:
+        dense += vocab_rows + model.pos_embedding_rows * model.hidden
+    if rank == plan.pp - 1:
+        dense += model.norm_params
         # A tied output layer on a separate last stage keeps its own copy of the embedding.
         if not model.tied_embeddings or plan.pp > 1:
-            n += vocab_rows
-    return n
+            dense += vocab_rows
+        if plan.mtp and model.mtp_layers:
+            dense += model.params_mtp / plan.tp
+    return dense, expert
+
+
+def stage_params_local(model: ModelSpec, plan: Plan, stage: int) -> float:
+    return sum(rank_params_local(model, plan, stage))
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +102,9 @@ class StateBytes:
     optimizer: float
 
 
-def model_state_bytes(n_params: float, plan: Plan) -> StateBytes:
-    shard = plan.shard_size
+def model_state_bytes(n_params: float, plan: Plan, shard: int | None = None) -> StateBytes:
+    """Weights, gradients and optimizer state of `n_params` parameters sharded over `shard` ranks."""
+    shard = plan.shard_size if shard is None else shard
     if plan.fsdp:
         return StateBytes(4 * n_params / shard, 4 * n_params / shard, 8 * n_params / shard)
     z = plan.zero
@@ -82,59 +115,69 @@ def model_state_bytes(n_params: float, plan: Plan) -> StateBytes:
     )
 
 
-def inflight_chunks(plan: Plan, stage: int) -> tuple[int, float]:
-    """(micro-batches in flight, layers-worth of activations per in-flight micro-batch) on `stage`."""
+def rank_state_bytes(model: ModelSpec, plan: Plan, rank: int) -> StateBytes:
+    dense, expert = rank_params_local(model, plan, rank)
+    d = model_state_bytes(dense, plan)
+    e = model_state_bytes(expert, plan, plan.expert_shard_size)
+    return StateBytes(d.params + e.params, d.grads + e.grads, d.optimizer + e.optimizer)
+
+
+def inflight_chunks(plan: Plan, stage: int) -> int:
+    """Model chunks whose activations are alive at once on pipeline rank `stage`."""
     m = plan.grad_accum
-    layers_fraction = 1.0 / plan.pp
     if plan.pp == 1:
-        return 1, 1.0
+        return 1
     if plan.vpp == 1:
-        return min(plan.pp - stage, m), layers_fraction
-    chunks = min((plan.pp - stage - 1) * 2 + (plan.vpp - 1) * plan.pp + 1, m * plan.vpp)
-    return chunks, layers_fraction / plan.vpp
+        return min(plan.pp - stage, m)
+    return min((plan.pp - stage - 1) * 2 + (plan.vpp - 1) * plan.pp + 1, m * plan.vpp)
 
 
 def activation_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int) -> tuple[float, float, int]:
-    """(saved activations at the peak, backward working set, in-flight micro-batches) on `stage`."""
-    chunks, layer_frac = inflight_chunks(plan, stage)
-    stage_layers = plan.stage_layers(model.layers)
-    chunk_layers = stage_layers / plan.vpp if plan.pp > 1 else stage_layers
-    per_layer = {p: graph.layer.saved_bytes(p) for p in ("none", "selective", "full")}
-    if plan.recompute == "full":
-        full_layers = plan.recomputed_layers(stage_layers)
-        share_full = full_layers / stage_layers
-        per_chunk = chunk_layers * (share_full * per_layer["full"] + (1 - share_full) * per_layer["none"])
+    """(saved activations at the peak, backward working set, in-flight chunks) on pipeline rank `stage`."""
+    chunks = inflight_chunks(plan, stage)
+    layers = plan.rank_layers(model.layers)[stage]
+    if not layers:
+        per_layer_mean, worst_ws = 0.0, 0.0
     else:
-        per_chunk = chunk_layers * per_layer[plan.recompute]
-    saved = chunks * per_chunk
+        full = plan.recomputed_layers(len(layers))
+        rest = "none" if plan.recompute == "full" else plan.recompute
+        total = sum(n * graph.layers[k].saved_bytes("full") for k, n in model.kind_counts(layers[:full]).items())
+        total += sum(n * graph.layers[k].saved_bytes(rest) for k, n in model.kind_counts(layers[full:]).items())
+        per_layer_mean = total / len(layers)
+        # Backward of one layer: a recomputed layer re-materialises its "none" activations; every
+        # layer's backward holds the gradients of its largest intermediates.
+        worst_ws = 0.0
+        for kind in model.kind_counts(layers):
+            g = graph.layers[kind]
+            kept = g.saved_bytes(plan.recompute)
+            worst_ws = max(worst_ws, g.saved_bytes("none") - kept if plan.recompute != "none" else 0.0)
+    chunk_layers = len(layers) / plan.vpp
+    saved = chunks * chunk_layers * per_layer_mean
     if stage == 0:
         saved += graph.embedding.saved_bytes(plan.recompute) * chunks
     if stage == plan.pp - 1:
         saved += graph.head.saved_bytes(plan.recompute)  # the last stage runs each micro-batch's backward at once
-    # Backward of one layer: a recomputed layer re-materialises its "none" activations; every layer's
-    # backward holds the gradients of its largest intermediates (input grads of the MLP and attention).
-    t = graph.tokens
-    grad_ws = BF16 * t * (2 * model.ffn_hidden / plan.tp + model.hidden)
-    recompute_ws = per_layer["none"] - per_layer["full"] if plan.recompute == "full" else 0.0
-    if plan.recompute == "selective":
-        recompute_ws = per_layer["none"] - per_layer["selective"]
-    return saved, max(recompute_ws, 0.0) + grad_ws, chunks
+    ffn = max(model.ffn_hidden, model.moe.expert_ffn * model.moe.top_k if model.moe else 0)
+    grad_ws = BF16 * graph.tokens * (2 * ffn / plan.tp + model.hidden)
+    return saved, worst_ws + grad_ws, chunks
 
 
 def buffer_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int, arch: str = "hopper") -> float:
     """Transient buffers alive at the peak besides activations (and the step-long FP8 weight copies)."""
     buf = 0.0
-    layer_local = layer_params_local(model, plan.tp)
-    gathered_layers = plan.stage_layers(model.layers)
+    counts = model.kind_counts(plan.rank_layers(model.layers)[stage])
+    per_kind = {k: layer_params_local(model, plan.tp, k, plan.ep, plan.etp) for k in counts}
+    biggest = max(per_kind.values(), default=0.0)
+    gathered = sum(n * per_kind[k] for k, n in counts.items())
     if (plan.fsdp or plan.zero == 3) and plan.shard_size > 1:
         # Current + prefetched gathered layer (bf16) and an unsharded fp32 gradient being reduce-scattered.
-        buf += 2 * BF16 * layer_local + FP32 * layer_local
+        buf += 2 * BF16 * biggest + FP32 * biggest
         if plan.reshard_after_forward:
-            gathered_layers = 2
+            gathered = 2 * biggest
         else:
             buf += BF16 * stage_params_local(model, plan, stage)
     if plan.precision == "fp8":
-        buf += weight_copy_bytes_per_param(plan, arch) * layer_local * gathered_layers
+        buf += weight_copy_bytes_per_param(plan, arch) * gathered
     if stage == plan.pp - 1:
         # Loss backward: fp32 gradient of the logits and its bf16 cast for the output GEMM.
         logits = graph.tokens * model.vocab / plan.tp

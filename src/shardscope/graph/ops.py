@@ -7,7 +7,7 @@ from typing import Literal
 
 OpKind = Literal["gemm", "attention", "memory"]
 CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
-Group = Literal["tp", "cp", "dp", "pp"]
+Group = Literal["tp", "cp", "dp", "pp", "ep", "etp"]
 Phase = Literal["fwd", "bwd"]
 
 
@@ -30,6 +30,7 @@ class Op:
     mnk: tuple[int, int, int] = (0, 0, 0)
     cheap: bool = False
     fp8: bool = False  # a GEMM that an FP8 recipe runs in FP8 (fwd, dgrad and wgrad)
+    groups: int = 1  # grouped GEMM: `groups` problems of M/groups rows each (MoE experts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,9 @@
-"""Read a Hugging Face `config.json` (dense decoder families) into a ModelSpec.
+"""Read a Hugging Face `config.json` into a ModelSpec.
 
-Families: Llama 1–3.x, Mistral, Qwen2/2.5/3 (`model_type` llama/mistral/qwen2/qwen3), GPT-2 (`gpt2`),
-GPT-NeoX (`gpt_neox`) and MPT (`mpt`). Field names are those of the transformers config classes.
+Dense: Llama 1–3.x, Mistral, Qwen2/2.5/3 (`model_type` llama/mistral/qwen2/qwen3), GPT-2 (`gpt2`),
+GPT-NeoX (`gpt_neox`), MPT (`mpt`). MoE: Mixtral (`mixtral`), Qwen3-MoE (`qwen3_moe`), DeepSeek-V2/V3,
+Moonlight and Kimi-K2 (`deepseek_v2`, `deepseek_v3`, `kimi_k2`), GPT-OSS (`gpt_oss`), Llama 4
+(`llama4`, `llama4_text`). Field names are those of the transformers config classes.
 """
 
 from __future__ import annotations
@@ -11,10 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from shardscope.errors import ShardscopeError
-from shardscope.models.spec import GPT_BLOCK, ModelSpec
+from shardscope.models.spec import GPT_BLOCK, MLASpec, ModelSpec, MoESpec
 
 LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "olmo2", "granite"}
-SUPPORTED = sorted(LLAMA_LIKE | {"gpt2", "gpt_neox", "mpt"})
+SUPPORTED = sorted(
+    LLAMA_LIKE
+    | {"gpt2", "gpt_neox", "mpt", "mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss"}
+    | {"llama4", "llama4_text"}
+)
 
 
 def _need(cfg: dict[str, Any], *keys: str) -> Any:
@@ -131,7 +137,137 @@ def _mpt(name: str, cfg: dict[str, Any]) -> ModelSpec:
     )
 
 
-_PARSERS = {"gpt2": _gpt2, "gpt_neox": _gpt_neox, "mpt": _mpt} | {t: _llama_like for t in LLAMA_LIKE}
+def _base(name: str, cfg: dict[str, Any], **kw: Any) -> ModelSpec:
+    hidden = _positive("hidden_size", _need(cfg, "hidden_size"))
+    heads = _positive("num_attention_heads", _need(cfg, "num_attention_heads"))
+    fields = dict(
+        name=name,
+        hidden=hidden,
+        layers=_positive("num_hidden_layers", _need(cfg, "num_hidden_layers")),
+        heads=heads,
+        kv_heads=_positive("num_key_value_heads", cfg.get("num_key_value_heads") or heads),
+        head_dim=_positive("head_dim", cfg.get("head_dim") or hidden // heads),
+        ffn_hidden=_positive("intermediate_size", _need(cfg, "intermediate_size")),
+        vocab=_positive("vocab_size", _need(cfg, "vocab_size")),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+    )
+    return ModelSpec(**(fields | kw))
+
+
+def _mixtral(name: str, cfg: dict[str, Any]) -> ModelSpec:
+    experts = _positive("num_local_experts", _need(cfg, "num_local_experts"))
+    moe = MoESpec(
+        experts=experts,
+        top_k=_positive("num_experts_per_tok", _need(cfg, "num_experts_per_tok")),
+        expert_ffn=_positive("intermediate_size", _need(cfg, "intermediate_size")),
+    )
+    return _base(name, cfg, moe=moe, attention_window=int(cfg.get("sliding_window") or 0))
+
+
+def _qwen3_moe(name: str, cfg: dict[str, Any]) -> ModelSpec:
+    if cfg.get("mlp_only_layers"):
+        raise ShardscopeError("qwen3_moe configs with mlp_only_layers are not supported")
+    moe = MoESpec(
+        experts=_positive("num_experts", _need(cfg, "num_experts")),
+        top_k=_positive("num_experts_per_tok", _need(cfg, "num_experts_per_tok")),
+        expert_ffn=_positive("moe_intermediate_size", _need(cfg, "moe_intermediate_size")),
+        layer_step=_positive("decoder_sparse_step", cfg.get("decoder_sparse_step") or 1),
+    )
+    return _base(name, cfg, moe=moe, qk_norm=True, qkv_bias=bool(cfg.get("attention_bias", False)))
+
+
+def _deepseek(name: str, cfg: dict[str, Any]) -> ModelSpec:
+    """DeepSeek-V2/V3 layout (also Moonlight, Kimi-K2): MLA, shared + routed experts, first dense layers."""
+    mla = MLASpec(
+        q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+        kv_lora_rank=_positive("kv_lora_rank", _need(cfg, "kv_lora_rank")),
+        qk_nope_head_dim=_positive("qk_nope_head_dim", _need(cfg, "qk_nope_head_dim")),
+        qk_rope_head_dim=_positive("qk_rope_head_dim", _need(cfg, "qk_rope_head_dim")),
+        v_head_dim=_positive("v_head_dim", _need(cfg, "v_head_dim")),
+    )
+    experts = _positive("n_routed_experts", _need(cfg, "n_routed_experts"))
+    moe_ffn = _positive("moe_intermediate_size", _need(cfg, "moe_intermediate_size"))
+    moe = MoESpec(
+        experts=experts,
+        top_k=_positive("num_experts_per_tok", _need(cfg, "num_experts_per_tok")),
+        expert_ffn=moe_ffn,
+        shared_experts=1 if cfg.get("n_shared_experts") else 0,
+        shared_ffn=moe_ffn * int(cfg.get("n_shared_experts") or 0),  # one MLP of n_shared x the expert size
+        first_dense_layers=int(cfg.get("first_k_dense_replace") or 0),
+        layer_step=int(cfg.get("moe_layer_freq") or 1),
+        score_correction_bias=cfg.get("topk_method") == "noaux_tc",
+    )
+    heads = _positive("num_attention_heads", _need(cfg, "num_attention_heads"))
+    return _base(
+        name,
+        cfg,
+        kv_heads=heads,
+        head_dim=mla.qk_head_dim,
+        mla=mla,
+        moe=moe,
+        mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0),
+    )
+
+
+def _gpt_oss(name: str, cfg: dict[str, Any]) -> ModelSpec:
+    moe = MoESpec(
+        experts=_positive("num_local_experts", _need(cfg, "num_local_experts")),
+        top_k=_positive("num_experts_per_tok", _need(cfg, "num_experts_per_tok", "experts_per_token")),
+        expert_ffn=_positive("intermediate_size", _need(cfg, "intermediate_size")),
+        router_bias=True,
+        expert_bias=True,
+    )
+    layers = _positive("num_hidden_layers", _need(cfg, "num_hidden_layers"))
+    types = cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    pattern = tuple("window" if t == "sliding_attention" else "full" for t in types)
+    return _base(
+        name,
+        cfg,
+        moe=moe,
+        qkv_bias=bool(cfg.get("attention_bias", True)),
+        out_bias=bool(cfg.get("attention_bias", True)),
+        sinks=True,
+        attention_window=int(cfg.get("sliding_window") or 0),
+        attention_pattern=pattern,
+    )
+
+
+def _llama4(name: str, cfg: dict[str, Any]) -> ModelSpec:
+    """Llama 4 text model (the vision tower of the checkpoint is not counted)."""
+    cfg = cfg.get("text_config", cfg)
+    step = int(cfg.get("interleave_moe_layer_step") or 1)
+    moe = MoESpec(
+        experts=_positive("num_local_experts", _need(cfg, "num_local_experts")),
+        top_k=_positive("num_experts_per_tok", _need(cfg, "num_experts_per_tok")),
+        expert_ffn=_positive("intermediate_size", _need(cfg, "intermediate_size")),
+        shared_experts=1,
+        shared_ffn=_positive("intermediate_size", _need(cfg, "intermediate_size")),
+        layer_step=step,
+    )
+    layers = _positive("num_hidden_layers", _need(cfg, "num_hidden_layers"))
+    no_rope = cfg.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(layers)]
+    chunk = int(cfg.get("attention_chunk_size") or 0)
+    # RoPE layers use chunked attention; the NoPE layers (every 4th) attend globally.
+    pattern = tuple("chunk" if (uses_rope and chunk) else "full" for uses_rope in no_rope)
+    dense_ffn = int(cfg.get("intermediate_size_mlp") or cfg.get("intermediate_size"))
+    return _base(
+        name, {**cfg, "intermediate_size": dense_ffn}, moe=moe, attention_window=chunk, attention_pattern=pattern
+    )
+
+
+_PARSERS = {
+    "gpt2": _gpt2,
+    "gpt_neox": _gpt_neox,
+    "mpt": _mpt,
+    "mixtral": _mixtral,
+    "qwen3_moe": _qwen3_moe,
+    "deepseek_v2": _deepseek,
+    "deepseek_v3": _deepseek,
+    "kimi_k2": _deepseek,
+    "gpt_oss": _gpt_oss,
+    "llama4": _llama4,
+    "llama4_text": _llama4,
+} | {t: _llama_like for t in LLAMA_LIKE}
 
 
 def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec:

@@ -1,16 +1,59 @@
-"""The typed model spec of a dense decoder-only transformer, and its exact parameter counts."""
+"""The typed model spec of a decoder-only transformer (dense or MoE), and its exact parameter counts."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
-from typing import Literal
+from functools import lru_cache
+from typing import Literal, NamedTuple
 
 MlpKind = Literal["swiglu", "gelu"]
 NormKind = Literal["rmsnorm", "layernorm"]
 PositionKind = Literal["rope", "learned", "alibi"]
+AttentionKind = Literal["full", "window", "chunk"]
 
 # The GPT-2 / GPT-3 / MPT block: LayerNorm with bias, GeLU MLP, biases on every linear.
 GPT_BLOCK = dict(mlp="gelu", norm="layernorm", norm_bias=True, qkv_bias=True, out_bias=True, mlp_bias=True)
+
+
+@dataclass(frozen=True, slots=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank q and kv projections with a decoupled
+    RoPE part. `q_lora_rank` 0 means q is projected directly (DeepSeek-V2-Lite)."""
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True, slots=True)
+class MoESpec:
+    """Routed experts (each a gated MLP of `expert_ffn`), optional shared experts, and which layers
+    are MoE: every `layer_step`-th layer after the first `first_dense_layers` dense ones."""
+
+    experts: int
+    top_k: int
+    expert_ffn: int
+    shared_experts: int = 0
+    shared_ffn: int = 0  # intermediate size of one shared expert
+    first_dense_layers: int = 0
+    layer_step: int = 1
+    router_bias: bool = False  # GPT-OSS router
+    expert_bias: bool = False  # GPT-OSS experts
+    score_correction_bias: bool = False  # DeepSeek-V3 aux-loss-free balancing bias (a checkpoint tensor)
+
+
+class LayerKind(NamedTuple):
+    """What distinguishes one transformer block from another in the cost model."""
+
+    attention: AttentionKind = "full"
+    mlp: Literal["dense", "moe"] = "dense"
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +70,7 @@ class ModelSpec:
     heads: int
     kv_heads: int
     head_dim: int
-    ffn_hidden: int
+    ffn_hidden: int  # dense MLP intermediate size
     vocab: int
     mlp: MlpKind = "swiglu"
     norm: NormKind = "rmsnorm"
@@ -40,16 +83,53 @@ class ModelSpec:
     position: PositionKind = "rope"
     pos_embedding_rows: int = 0
     lm_head_bias: bool = False
+    mla: MLASpec | None = None
+    moe: MoESpec | None = None
+    attention_window: int = 0  # sliding-window or chunk size for "window"/"chunk" layers
+    attention_pattern: tuple[str, ...] = ()  # per-layer AttentionKind; empty = all full
+    sinks: bool = False  # one learned sink logit per head (GPT-OSS)
+    mtp_layers: int = 0  # multi-token-prediction modules (DeepSeek-V3), not part of params_total
     source: str = ""
 
-    # ----- parameter counts -----------------------------------------------------------------------
+    # ----- layer structure ------------------------------------------------------------------------
+    def is_moe_layer(self, i: int) -> bool:
+        m = self.moe
+        if m is None or i < m.first_dense_layers:
+            return False
+        return (i - m.first_dense_layers) % m.layer_step == m.layer_step - 1
+
+    def layer_kind(self, i: int) -> LayerKind:
+        attn = self.attention_pattern[i] if self.attention_pattern else "full"
+        return LayerKind(attention=attn, mlp="moe" if self.is_moe_layer(i) else "dense")  # type: ignore[arg-type]
+
+    def layer_kinds(self) -> tuple[LayerKind, ...]:
+        return _layer_kinds(self)
+
+    def kind_counts(self, indices: tuple[int, ...]) -> Counter[LayerKind]:
+        """How many layers of each kind are among `indices` (cached: the planner asks often)."""
+        return _kind_counts(self, tuple(indices))
+
+    @property
+    def moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.layers))
+
+    # ----- attention ------------------------------------------------------------------------------
     @property
     def q_dim(self) -> int:
-        return self.heads * self.head_dim
+        """Width of the attention output (heads x value head dim)."""
+        return self.heads * (self.mla.v_head_dim if self.mla else self.head_dim)
 
     @property
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.mla.qk_head_dim if self.mla else self.head_dim
+
+    @property
+    def v_head_dim(self) -> int:
+        return self.mla.v_head_dim if self.mla else self.head_dim
 
     @property
     def norm_params(self) -> int:
@@ -57,7 +137,21 @@ class ModelSpec:
 
     @property
     def attention_params(self) -> int:
-        h, q, kv = self.hidden, self.q_dim, self.kv_dim
+        h = self.hidden
+        if self.mla:
+            a, nh = self.mla, self.heads
+            q = (
+                (h * a.q_lora_rank + a.q_lora_rank + a.q_lora_rank * nh * a.qk_head_dim)
+                if a.q_lora_rank
+                else (h * nh * a.qk_head_dim)
+            )
+            kv = (
+                h * (a.kv_lora_rank + a.qk_rope_head_dim)
+                + a.kv_lora_rank
+                + a.kv_lora_rank * nh * (a.qk_nope_head_dim + a.v_head_dim)
+            )
+            return q + kv + nh * a.v_head_dim * h + (self.heads if self.sinks else 0)
+        q, kv = self.heads * self.head_dim, self.kv_dim
         n = h * (q + 2 * kv) + q * h
         if self.qkv_bias:
             n += q + 2 * kv
@@ -65,22 +159,62 @@ class ModelSpec:
             n += h
         if self.qk_norm:
             n += 2 * self.head_dim
+        if self.sinks:
+            n += self.heads
+        return n
+
+    # ----- MLP / MoE ------------------------------------------------------------------------------
+    def mlp_params_of(self, ffn: int, bias: bool) -> int:
+        mats = 3 if self.mlp == "swiglu" else 2
+        n = mats * self.hidden * ffn
+        if bias:
+            n += (mats - 1) * ffn + self.hidden
         return n
 
     @property
     def mlp_params(self) -> int:
-        h, f = self.hidden, self.ffn_hidden
-        mats = 3 if self.mlp == "swiglu" else 2
-        n = mats * h * f
-        if self.mlp_bias:
-            n += (mats - 1) * f + h
-        return n
+        """The dense MLP."""
+        return self.mlp_params_of(self.ffn_hidden, self.mlp_bias)
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert."""
+        assert self.moe is not None
+        return self.mlp_params_of(self.moe.expert_ffn, self.moe.expert_bias)
+
+    @property
+    def shared_expert_params(self) -> int:
+        m = self.moe
+        if m is None or not m.shared_experts:
+            return 0
+        return m.shared_experts * self.mlp_params_of(m.shared_ffn, False)
+
+    @property
+    def router_params(self) -> int:
+        m = self.moe
+        if m is None:
+            return 0
+        return (
+            self.hidden * m.experts
+            + (m.experts if m.router_bias else 0)
+            + (m.experts if m.score_correction_bias else 0)
+        )
+
+    @property
+    def moe_block_params(self) -> int:
+        assert self.moe is not None
+        return self.router_params + self.moe.experts * self.expert_params + self.shared_expert_params
+
+    def layer_params_of(self, kind: LayerKind) -> int:
+        mlp = self.moe_block_params if kind.mlp == "moe" else self.mlp_params
+        return self.attention_params + mlp + 2 * self.norm_params
 
     @property
     def layer_params(self) -> int:
-        """One transformer block: attention, MLP and its two norms."""
-        return self.attention_params + self.mlp_params + 2 * self.norm_params
+        """The first transformer block (all blocks of a dense model)."""
+        return self.layer_params_of(self.layer_kind(0))
 
+    # ----- whole model ----------------------------------------------------------------------------
     @property
     def embedding_params(self) -> int:
         """Token embedding plus learned position embedding (if any)."""
@@ -95,10 +229,61 @@ class ModelSpec:
 
     @property
     def params_total(self) -> int:
-        return self.embedding_params + self.layers * self.layer_params + self.norm_params + self.lm_head_params
+        layers = sum(n * self.layer_params_of(k) for k, n in self.kind_counts(range(self.layers)).items())
+        return self.embedding_params + layers + self.norm_params + self.lm_head_params
 
     @property
-    def params_matmul_per_token(self) -> int:
-        """Weights that multiply each token (layers + output layer; not the embedding lookups)."""
-        head = self.vocab * self.hidden
-        return self.layers * self.layer_params + head
+    def params_active(self) -> int:
+        """Parameters a token passes through: all but the routed experts it is not sent to."""
+        if self.moe is None:
+            return self.params_total
+        idle = (self.moe.experts - self.moe.top_k) * self.expert_params
+        return self.params_total - self.moe_layers * idle
+
+    @property
+    def params_mtp(self) -> int:
+        """DeepSeek-V3 multi-token-prediction modules: two norms, a 2h→h projection and one more block
+        each (the embedding and output head are shared with the main model)."""
+        if not self.mtp_layers:
+            return 0
+        block = self.layer_params_of(LayerKind("full", "moe" if self.moe else "dense"))
+        return self.mtp_layers * (2 * self.norm_params + 2 * self.hidden * self.hidden + block + self.norm_params)
+
+    def matmul_params_per_token(self, kind: LayerKind) -> int:
+        """Weights one token multiplies in a block (routed: top-k experts + shared + router)."""
+        if self.mla:
+            attn = self.attention_params - (self.heads if self.sinks else 0)
+        else:
+            attn = (
+                self.hidden * (self.heads * self.head_dim + 2 * self.kv_dim) + self.heads * self.head_dim * self.hidden
+            )
+        if kind.mlp == "moe":
+            assert self.moe is not None
+            mats = 3 if self.mlp == "swiglu" else 2
+            mlp = self.moe.top_k * mats * self.hidden * self.moe.expert_ffn + self.hidden * self.moe.experts
+            if self.moe.shared_experts:
+                mlp += self.moe.shared_experts * mats * self.hidden * self.moe.shared_ffn
+        else:
+            mlp = (3 if self.mlp == "swiglu" else 2) * self.hidden * self.ffn_hidden
+        return attn + mlp
+
+    def keys_per_query(self, kind: LayerKind, seq_len: int, causal: bool = True) -> float:
+        """Average keys each query attends to: (s+1)/2 causal; a sliding window of w keeps
+        (w·s − w(w−1)/2)/s; chunked attention of c keeps (c+1)/2."""
+        s, w = seq_len, self.attention_window
+        if kind.attention == "window" and w and w < s:
+            return (w * s - w * (w - 1) / 2) / s if causal else float(min(2 * w, s))
+        if kind.attention == "chunk" and w and w < s:
+            return (w + 1) / 2 if causal else float(w)
+        return (s + 1) / 2 if causal else float(s)
+
+
+@lru_cache(maxsize=256)
+def _layer_kinds(model: ModelSpec) -> tuple[LayerKind, ...]:
+    return tuple(model.layer_kind(i) for i in range(model.layers))
+
+
+@lru_cache(maxsize=4096)
+def _kind_counts(model: ModelSpec, indices: tuple[int, ...]) -> Counter[LayerKind]:
+    kinds = model.layer_kinds()
+    return Counter(kinds[i] for i in indices)

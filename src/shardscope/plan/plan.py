@@ -7,6 +7,7 @@ contiguous GPUs (inside a node when tp <= gpus_per_node) and PP stages are the o
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Literal
 
 from shardscope.errors import ShardscopeError
@@ -52,11 +53,21 @@ class Plan:
     attention_kernel: AttentionKernel = "auto"
     tp_comm_overlap: bool = False
     causal_block_skip: bool = True
+    causal: bool = True  # causal LM attention; False for diffusion transformers
+    ep: int = 1  # expert parallel (carved out of dp·cp·tp, Megatron MoE parallel folding)
+    etp: int = 1  # expert tensor parallel
+    moe_imbalance: float = 1.0  # extra factor on the hottest EP rank's tokens
+    moe_skew: float = 0.0  # Zipf exponent of expert popularity (0 = balanced)
+    capacity_factor: float = 0.0  # 0 = dropless
+    mtp: bool = False  # train the model's multi-token-prediction modules
 
     def stage_layers(self, layers: int) -> int:
-        """Layers on the most-loaded pipeline rank: ceil(L / (pp·vpp)) per model chunk, as Megatron's
-        uneven first/last-stage layouts (and Llama 3's 126 layers on 16 stages) leave it."""
-        return -(-layers // (self.pp * self.vpp)) * self.vpp
+        """Layers on the most-loaded pipeline rank."""
+        return max(len(r) for r in self.rank_layers(layers))
+
+    def rank_layers(self, layers: int) -> tuple[tuple[int, ...], ...]:
+        """Layer indices held by each pipeline rank (rank r owns chunks r, r + pp, r + 2·pp, ...)."""
+        return _rank_layers(self.pp, self.vpp, layers)
 
     @property
     def gpus(self) -> int:
@@ -74,15 +85,27 @@ class Plan:
 
     @property
     def shard_size(self) -> int:
-        """GPUs over which sharded state (ZeRO/FSDP) is split."""
+        """GPUs over which sharded dense state (ZeRO/FSDP) is split: the data-parallel ranks, which
+        include the CP ranks (they hold the same weights), or the HSDP shard group."""
         if self.zero == 0 and not self.fsdp:
             return 1
-        return self.shard_group or self.dp
+        return self.shard_group or self.dp * self.cp
+
+    @property
+    def expert_dp(self) -> int:
+        """Replicas of each expert shard: tp·cp·dp / (ep·etp) (Megatron MoE parallel folding)."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
+
+    @property
+    def expert_shard_size(self) -> int:
+        if self.zero == 0 and not self.fsdp:
+            return 1
+        return self.expert_dp
 
     @property
     def sharding_name(self) -> str:
         if self.fsdp:
-            kind = "HSDP" if self.shard_size < self.dp else "FSDP"
+            kind = "HSDP" if self.shard_size < self.dp * self.cp else "FSDP"
             return kind + ("" if self.reshard_after_forward else " (no reshard)")
         return {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}[self.zero]
 
@@ -91,6 +114,26 @@ class Plan:
         if self.recompute != "full":
             return 0
         return min(self.recompute_layers, stage_layers) if self.recompute_layers else stage_layers
+
+
+def chunk_sizes(chunks: int, layers: int) -> list[int]:
+    """Layers per model chunk. An uneven split gives the extra layers to the middle chunks, keeping the
+    first (embedding) and last (output layer) chunks light, as Megatron's uneven layouts and Llama 3's
+    126 layers on 16 stages do."""
+    base, extra = divmod(layers, chunks)
+    sizes = [base] * chunks
+    order = list(range(1, chunks - 1)) + [chunks - 1, 0] if chunks > 2 else list(range(chunks))
+    for c in order[:extra]:
+        sizes[c] += 1
+    return sizes
+
+
+@lru_cache(maxsize=1024)
+def _rank_layers(pp: int, vpp: int, layers: int) -> tuple[tuple[int, ...], ...]:
+    sizes = chunk_sizes(pp * vpp, layers)
+    starts = [sum(sizes[:c]) for c in range(len(sizes))]
+    chunks_of = [[r + v * pp for v in range(vpp)] for r in range(pp)]
+    return tuple(tuple(i for c in chunks_of[r] for i in range(starts[c], starts[c] + sizes[c])) for r in range(pp))
 
 
 def _positive(name: str, value: int) -> None:
@@ -136,8 +179,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
             f"--global-batch {plan.global_batch} is not divisible by micro-batch × dp = "
             f"{plan.micro_batch}×{dp} = {plan.micro_batch * dp}"
         )
-    if plan.shard_group and (plan.shard_group <= 0 or dp % plan.shard_group):
-        raise ShardscopeError(f"--shard-group {plan.shard_group} must divide dp = {dp}")
+    if plan.shard_group and (plan.shard_group <= 0 or (dp * plan.cp) % plan.shard_group):
+        raise ShardscopeError(f"--shard-group {plan.shard_group} must divide dp·cp = {dp * plan.cp}")
     if plan.recompute_layers < 0:
         raise ShardscopeError(f"--recompute-layers must be >= 0, got {plan.recompute_layers}")
     if plan.precision not in ("bf16", "fp16", "fp8"):
@@ -154,6 +197,24 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         )
     if plan.attention_kernel == "unfused" and plan.cp > 1:
         raise ShardscopeError("context parallelism needs a flash-attention kernel (not --attention-kernel unfused)")
+    if plan.ep < 1 or plan.etp < 1:
+        raise ShardscopeError("--ep and --etp must be positive")
+    if plan.ep > 1 or plan.etp > 1:
+        if model.moe is None:
+            raise ShardscopeError(f"--ep/--etp need a mixture-of-experts model ({model.name} is dense)")
+        if model.moe.experts % plan.ep:
+            raise ShardscopeError(f"--ep {plan.ep} does not divide the {model.moe.experts} experts of {model.name}")
+        if (plan.tp * plan.cp * dp) % (plan.ep * plan.etp):
+            raise ShardscopeError(
+                f"ep·etp = {plan.ep * plan.etp} must divide tp·cp·dp = {plan.tp * plan.cp * dp} "
+                "(expert parallelism is carved out of the data/context/tensor-parallel ranks)"
+            )
+        if model.moe.expert_ffn % plan.etp:
+            raise ShardscopeError(f"--etp {plan.etp} does not divide the expert FFN size {model.moe.expert_ffn}")
+    if model.moe is not None and plan.tp > 1 and not plan.sequence_parallel:
+        raise ShardscopeError("MoE with --tp > 1 needs sequence parallel (as in Megatron-Core)")
+    if plan.moe_imbalance < 1 or plan.moe_skew < 0 or plan.capacity_factor < 0:
+        raise ShardscopeError("--moe-imbalance must be >= 1, --moe-skew and --capacity-factor >= 0")
     if plan.fsdp and plan.zero not in (0, 3):
         raise ShardscopeError("--fsdp already means fully sharded; do not combine it with --zero 1/2")
     return plan

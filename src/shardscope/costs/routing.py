@@ -1,0 +1,48 @@
+"""Expert routing load: how many tokens the hottest expert-parallel rank receives.
+
+Balanced routing (what benchmarks force, e.g. Megatron-Bridge's force-balanced perf runs) gives every
+EP rank top_k·tokens/ep. Real routers are skewed: `moe_skew` models expert popularity as a Zipf law
+p_e ∝ 1/r^α over experts placed on ranks in a seeded random order (contiguous blocks of experts/ep per
+rank, as Megatron places them); `moe_imbalance` sets the hottest rank's factor directly. A capacity
+factor c caps each expert at c·(mean tokens per expert) and drops the rest (Fedus et al. 2021, Switch
+Transformer §2.2); 0 means dropless.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from shardscope.models.spec import ModelSpec
+from shardscope.plan.plan import Plan
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingLoad:
+    hot_rank_factor: float  # tokens on the hottest EP rank / the mean over ranks
+    dropped_fraction: float  # token-expert assignments dropped by the capacity limit
+
+
+def expert_popularity(experts: int, skew: float, seed: int = 0) -> list[float]:
+    """Zipf(α) popularity of each expert, in a seeded random placement order; α = 0 is uniform."""
+    weights = [1.0 / (r + 1) ** skew for r in range(experts)]
+    random.Random(seed).shuffle(weights)
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def routing_load(model: ModelSpec, plan: Plan) -> RoutingLoad:
+    if model.moe is None:
+        return RoutingLoad(1.0, 0.0)
+    experts, ep = model.moe.experts, plan.ep
+    p = expert_popularity(experts, plan.moe_skew)
+    if plan.capacity_factor > 0:
+        cap = plan.capacity_factor / experts
+        kept = [min(x, cap) for x in p]
+        dropped = 1.0 - sum(kept)
+    else:
+        kept, dropped = p, 0.0
+    per_rank = experts // ep
+    rank_share = [sum(kept[r * per_rank : (r + 1) * per_rank]) for r in range(ep)]
+    hot = max(rank_share) * ep
+    return RoutingLoad(hot * plan.moe_imbalance, dropped)

@@ -1,0 +1,99 @@
+"""Shared pieces of the op graph: sizes of one GPU's share of a micro-batch, and op constructors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardscope.graph.ops import Collective, Op, Saved
+from shardscope.models.spec import ModelSpec
+from shardscope.plan.plan import Plan
+
+ALL = frozenset({"none", "selective", "full"})
+NOT_FULL = frozenset({"none", "selective"})
+NONE_ONLY = frozenset({"none"})
+SELECTIVE_ONLY = frozenset({"selective"})
+
+BF16 = 2  # bytes per activation element in bf16/fp16 mixed precision
+FP32 = 4
+
+
+@dataclass(frozen=True, slots=True)
+class OpGroup:
+    """Ops, saved tensors and collectives of one unit (a transformer layer, the embedding, the head)."""
+
+    ops: tuple[Op, ...]
+    saved: tuple[Saved, ...]
+    comms: tuple[Collective, ...]
+
+    def saved_bytes(self, policy: str) -> float:
+        return sum(s.bytes for s in self.saved if policy in s.policies)
+
+    def __add__(self, other: OpGroup) -> OpGroup:
+        return OpGroup(self.ops + other.ops, self.saved + other.saved, self.comms + other.comms)
+
+
+@dataclass(frozen=True, slots=True)
+class Shapes:
+    """One GPU's share of a micro-batch: `t` tokens enter attention (after CP), `t_sp` are held by
+    the norms / residual stream (after sequence parallel)."""
+
+    t: int
+    t_sp: float
+    fp8: bool
+
+    @classmethod
+    def of(cls, plan: Plan) -> Shapes:
+        t = plan.micro_batch * plan.seq_len // plan.cp
+        return cls(t=t, t_sp=t / plan.tp if plan.sp else t, fp8=plan.precision == "fp8")
+
+    @property
+    def gemm_in(self) -> int:
+        """Bytes per element of a saved GEMM input (an FP8 GEMM saves it quantized)."""
+        return 1 if self.fp8 else BF16
+
+
+def norm(name: str, model: ModelSpec, tokens: float, width: int | None = None) -> tuple[Op, Saved]:
+    """A fused RMSNorm/LayerNorm: reads and writes the activation; saves fp32 statistics."""
+    w = width or model.hidden
+    stats = FP32 * (2 if model.norm == "layernorm" else 1)
+    op = Op(name, "memory", bytes=2 * BF16 * tokens * w, bwd_bytes=3 * BF16 * tokens * w, cheap=True)
+    return op, Saved(f"{name} stats", stats * tokens, NONE_ONLY)
+
+
+def residual(name: str, model: ModelSpec, tokens: float) -> Op:
+    size = BF16 * tokens * model.hidden
+    return Op(name, "memory", bytes=3 * size, bwd_bytes=3 * size, cheap=True)
+
+
+def gemm(name: str, m: float, n: int, k: int, fp8: bool = False, groups: int = 1) -> Op:
+    """A GEMM (M, N, K); `groups` > 1 is a grouped GEMM of that many equal problems (MoE experts)."""
+    flops = 2.0 * m * n * k
+    io = BF16 * (m * k + groups * k * n + m * n)
+    return Op(
+        name,
+        "gemm",
+        flops=flops,
+        bytes=io,
+        bwd_flops=2 * flops,
+        bwd_bytes=2 * io,
+        mnk=(int(m), n, k),
+        fp8=fp8,
+        groups=groups,
+    )
+
+
+def tp_collectives(plan: Plan, where: str, act_bytes: float) -> list[Collective]:
+    """Megatron TP around one column→row parallel pair: all-reduce fwd and bwd, or with sequence
+    parallel an all-gather before and a reduce-scatter after (and their transposes in backward, plus
+    the re-gather of the saved local input for wgrad, which Megatron overlaps with dgrad)."""
+    if plan.tp == 1:
+        return []
+    hide = "gemm" if plan.tp_comm_overlap else ""
+    if not plan.sp:
+        return [Collective(f"tp all-reduce {where}", "all_reduce", "tp", act_bytes, ph, hide) for ph in ("fwd", "bwd")]
+    out = []
+    for ph in ("fwd", "bwd"):
+        out.append(Collective(f"tp all-gather {where}", "all_gather", "tp", act_bytes, ph, hide))
+        out.append(Collective(f"tp reduce-scatter {where}", "reduce_scatter", "tp", act_bytes, ph, hide))
+    out.append(Collective(f"tp all-gather {where} input (wgrad)", "all_gather", "tp", act_bytes, "bwd", "gemm"))
+    return out

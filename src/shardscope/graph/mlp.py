@@ -1,0 +1,135 @@
+"""The MLP half of a transformer block: a dense MLP (SwiGLU / GeLU) or a mixture of experts.
+
+MoE (Megatron-Core token dispatcher; Fedus et al. 2021 for capacity): each GPU routes its t/tp tokens
+(sequence parallel), permutes them by expert, all-to-alls them to the EP ranks that own the experts
+(each rank holds experts/ep of them, split `etp` ways), runs the local experts as one grouped GEMM,
+all-to-alls the outputs back and un-permutes them with the routing weights. Shared experts run as a
+dense TP-parallel MLP beside it. The hottest EP rank receives `load` times the mean number of tokens;
+it sets the layer's time and activation peak (see `costs.routing`).
+"""
+
+from __future__ import annotations
+
+from shardscope.graph.common import (
+    BF16,
+    FP32,
+    NONE_ONLY,
+    NOT_FULL,
+    SELECTIVE_ONLY,
+    OpGroup,
+    Shapes,
+    gemm,
+    norm,
+    residual,
+    tp_collectives,
+)
+from shardscope.graph.ops import Collective, Op, Saved
+from shardscope.models.spec import ModelSpec
+from shardscope.plan.plan import Plan
+
+
+def _ffn(model: ModelSpec, name: str, tokens: float, ffn: int, fp8: bool, gemm_in: int, groups: int = 1):
+    """Gate/up GEMM, activation, down GEMM on `tokens` rows of width `ffn` (already TP/ETP-split)."""
+    h = model.hidden
+    ops: list[Op] = []
+    saved: list[Saved] = []
+    pre = f"{name} " if name else ""
+    if model.mlp == "swiglu":
+        ops.append(gemm(f"{pre}gate/up proj", tokens, 2 * ffn, h, fp8, groups))
+        ops.append(
+            Op(f"{pre}swiglu", "memory", bytes=3 * BF16 * tokens * ffn, bwd_bytes=5 * BF16 * tokens * ffn, cheap=True)
+        )
+        saved += [
+            Saved(f"{pre}gate, up", 2 * BF16 * tokens * ffn, NOT_FULL),
+            Saved(f"{pre}silu(gate)", BF16 * tokens * ffn, NONE_ONLY),
+            Saved(f"{pre}swiglu out (down input)", gemm_in * tokens * ffn, NONE_ONLY),
+        ]
+        up_width = 2 * ffn
+    else:
+        ops.append(gemm(f"{pre}up proj", tokens, ffn, h, fp8, groups))
+        ops.append(
+            Op(f"{pre}gelu", "memory", bytes=2 * BF16 * tokens * ffn, bwd_bytes=3 * BF16 * tokens * ffn, cheap=True)
+        )
+        saved += [
+            Saved(f"{pre}up", BF16 * tokens * ffn, NOT_FULL),
+            Saved(f"{pre}gelu out (down input)", gemm_in * tokens * ffn, NONE_ONLY),
+        ]
+        up_width = ffn
+    ops.append(gemm(f"{pre}down proj", tokens, h, ffn, fp8, groups))
+    fp8_inputs = tokens * (h + ffn)
+    fp8_grads = tokens * (up_width + h)
+    return ops, saved, fp8_inputs, fp8_grads
+
+
+def dense_mlp_group(model: ModelSpec, plan: Plan) -> tuple[OpGroup, float, float]:
+    sh = Shapes.of(plan)
+    t, t_sp, h = sh.t, sh.t_sp, model.hidden
+    norm2, stats2 = norm("mlp norm", model, t_sp)
+    ops: list[Op] = [norm2]
+    saved: list[Saved] = [stats2, Saved("mlp norm out (mlp input)", sh.gemm_in * t_sp * h, NONE_ONLY)]
+    f_ops, f_saved, fi, fg = _ffn(model, "", t, model.ffn_hidden // plan.tp, sh.fp8, sh.gemm_in)
+    ops += f_ops + [residual("mlp residual add", model, t_sp)]
+    saved += f_saved + [Saved("down proj out", BF16 * t_sp * h, SELECTIVE_ONLY)]
+    return OpGroup(tuple(ops), tuple(saved), tuple(tp_collectives(plan, "mlp", BF16 * t * h))), fi, fg
+
+
+def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float, float]:
+    """One MoE block on the hottest EP rank (`load` = its tokens / the mean)."""
+    assert model.moe is not None
+    moe = model.moe
+    sh = Shapes.of(plan)
+    t, t_sp, h = sh.t, sh.t_sp, model.hidden
+    tm = t / plan.tp  # tokens this GPU routes (sequence-parallel share)
+    routed = load * tm * moe.top_k  # token-expert pairs the hottest rank computes
+    local_experts = moe.experts // plan.ep
+    fe = moe.expert_ffn // plan.etp
+
+    norm2, stats2 = norm("mlp norm", model, t_sp)
+    ops: list[Op] = [norm2]
+    saved: list[Saved] = [stats2, Saved("mlp norm out (mlp input)", BF16 * t_sp * h, NONE_ONLY)]
+    comms: list[Collective] = []
+    # Router: a small GEMM to expert logits, fp32 softmax/sigmoid + top-k.
+    ops.append(gemm("router", tm, moe.experts, h))
+    ops.append(
+        Op(
+            "router top-k",
+            "memory",
+            bytes=3 * FP32 * tm * moe.experts,
+            bwd_bytes=3 * FP32 * tm * moe.experts,
+            cheap=True,
+        )
+    )
+    saved.append(Saved("router probabilities", FP32 * tm * moe.experts, NOT_FULL))
+    perm = BF16 * tm * moe.top_k * h
+    ops.append(Op("permute", "memory", bytes=BF16 * tm * h + perm, bwd_bytes=BF16 * tm * h + perm))
+    dispatch = load * perm
+    if plan.ep > 1:
+        comms += [Collective("ep dispatch all-to-all", "all_to_all", "ep", dispatch, ph) for ph in ("fwd", "bwd")]
+    if plan.etp > 1:
+        comms += [
+            Collective("etp all-gather tokens", "all_gather", "etp", dispatch * plan.etp, "fwd"),
+            Collective("etp reduce-scatter tokens", "reduce_scatter", "etp", dispatch * plan.etp, "bwd"),
+        ]
+    saved.append(Saved("permuted tokens (expert input)", sh.gemm_in * routed * h, NOT_FULL))
+    e_ops, e_saved, fi, fg = _ffn(model, "experts", routed, fe, sh.fp8, sh.gemm_in, groups=local_experts)
+    ops += e_ops
+    saved += e_saved + [Saved("expert outputs", BF16 * routed * h, NOT_FULL)]
+    if plan.etp > 1:
+        comms += [
+            Collective("etp reduce-scatter outputs", "reduce_scatter", "etp", dispatch * plan.etp, "fwd"),
+            Collective("etp all-gather grads", "all_gather", "etp", dispatch * plan.etp, "bwd"),
+        ]
+    if plan.ep > 1:
+        comms += [Collective("ep combine all-to-all", "all_to_all", "ep", dispatch, ph) for ph in ("fwd", "bwd")]
+    ops.append(Op("unpermute + weighted sum", "memory", bytes=perm + BF16 * tm * h, bwd_bytes=2 * perm + BF16 * tm * h))
+    if moe.shared_experts:
+        s_ops, s_saved, si, sg = _ffn(
+            model, "shared expert", t, moe.shared_experts * moe.shared_ffn // plan.tp, sh.fp8, sh.gemm_in
+        )
+        ops += s_ops
+        saved += s_saved
+        fi, fg = fi + si, fg + sg
+        comms += tp_collectives(plan, "shared expert", BF16 * t * h)
+    ops.append(residual("mlp residual add", model, t_sp))
+    saved.append(Saved("moe output", BF16 * t_sp * h, SELECTIVE_ONLY))
+    return OpGroup(tuple(ops), tuple(saved), tuple(comms)), fi, fg
