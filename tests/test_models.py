@@ -29,7 +29,9 @@ def test_catalog_has_required_models():
     assert sum(n.startswith("megatron-gpt-") for n in list_models()) == 10
 
 
-@pytest.mark.parametrize("name", [n for n, s in catalog_sources().items() if s.get("params_total")])
+@pytest.mark.parametrize(
+    "name", [n for n, s in catalog_sources().items() if s.get("params_total") and n in list_models()]
+)
 def test_exact_parameter_count_matches_checkpoint(name):
     """Counts of the real checkpoints' tensors (safetensors totals / model cards; see SOURCES.json)."""
     assert load_model(name).params_total == catalog_sources()[name]["params_total"]
@@ -114,3 +116,46 @@ def test_qwen2_has_qkv_bias_and_untied_head():
         }
     )
     assert m.qkv_bias and not m.out_bias and not m.tied_embeddings
+
+
+def test_deepseek_v3_reconciles_with_the_checkpoint():
+    """HF total 684,531,386,000 = main model + MTP layer (with its own embedding and head copies) +
+    FP32 scale_inv tensors (the F32 count minus the 59 x 256 e_score_correction_bias values)."""
+    m = load_model("deepseek-v3")
+    src = catalog_sources()["deepseek-v3"]
+    scale_inv = src["params_hf_safetensors_breakdown"]["F32"] - (m.moe_layers + m.mtp_layers) * m.moe.experts
+    hf_main_and_mtp = src["params_hf_safetensors_total"] - scale_inv
+    assert m.params_total + m.params_mtp + 2 * m.vocab * m.hidden == hf_main_and_mtp
+    assert m.params_total == src["params_main_model_shape_identical"]  # BF16 re-save without MTP
+    assert 37e9 < m.params_active < 38e9  # "37B activated" (DeepSeek-V3 report)
+
+
+def test_llama4_text_counts_share_one_vision_tower():
+    """Scout and Maverick checkpoints carry the same vision encoder: the text-model counts must differ
+    from the HF totals by the same amount."""
+    src = catalog_sources()
+    gaps = {
+        n: src[n]["params_hf_total_with_vision"] - load_model(n).params_total
+        for n in ("llama4-scout", "llama4-maverick")
+    }
+    assert gaps["llama4-scout"] == gaps["llama4-maverick"] > 0
+
+
+@pytest.mark.parametrize(
+    "name,active_b",
+    [
+        ("mixtral-8x7b", 12.9),
+        ("qwen3-30b-a3b", 3.3),
+        ("qwen3-235b-a22b", 22.2),
+        ("gpt-oss-120b", 5.1),
+        ("gpt-oss-20b", 3.6),
+    ],
+)
+def test_active_parameters_match_published(name, active_b):
+    """Model cards: Mixtral 12.9B active, Qwen3 A3B / A22B, gpt-oss 5.1B / 3.6B active (gpt-oss counts
+    exclude embeddings: the card's figures are for the transformer blocks + unembedding)."""
+    m = load_model(name)
+    active = m.params_active
+    if name.startswith("gpt-oss"):
+        active -= m.vocab * m.hidden  # the card excludes the embedding table
+    assert active / 1e9 == pytest.approx(active_b, rel=0.03)

@@ -56,6 +56,14 @@ def estimate(
     fp8_all_gather: Annotated[bool, typer.Option(help="FSDP/ZeRO gathers FP8 weights")] = False,
     attention_kernel: Annotated[str, typer.Option(help="auto | fa2 | fa3 | cudnn")] = "auto",
     tp_comm_overlap: Annotated[bool, typer.Option(help="overlap TP collectives with GEMMs")] = False,
+    ep: Annotated[int, typer.Option(help="expert-parallel degree (carved out of dp·cp·tp)")] = 1,
+    etp: Annotated[int, typer.Option(help="expert tensor-parallel degree")] = 1,
+    moe_skew: Annotated[float, typer.Option(help="Zipf exponent of expert popularity (0 = balanced)")] = 0.0,
+    moe_imbalance: Annotated[float, typer.Option(help="extra load factor on the hottest EP rank")] = 1.0,
+    capacity_factor: Annotated[float, typer.Option(help="expert capacity factor (0 = dropless)")] = 0.0,
+    mtp: Annotated[bool, typer.Option(help="train the multi-token-prediction modules (DeepSeek-V3)")] = False,
+    ep_comm_overlap: Annotated[bool, typer.Option(help="overlap EP all-to-alls with another micro-batch")] = False,
+    ep_dispatch: Annotated[str, typer.Option(help="flat | hierarchical (one copy per node: DeepEP)")] = "flat",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Predict step time, throughput, MFU and per-GPU memory of one training plan."""
@@ -93,6 +101,14 @@ def estimate(
             fp8_all_gather=fp8_all_gather,
             attention_kernel=attention_kernel,
             tp_comm_overlap=tp_comm_overlap,
+            ep=ep,
+            etp=etp,
+            moe_skew=moe_skew,
+            moe_imbalance=moe_imbalance,
+            capacity_factor=capacity_factor,
+            mtp=mtp,
+            ep_comm_overlap=ep_comm_overlap,
+            ep_dispatch=ep_dispatch,
         )
     except ShardscopeError as exc:
         _fail(str(exc))

@@ -88,11 +88,11 @@ def _phase_cost(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, bac
         elif op.kind == "attention":
             cost.attention_s += t
     phase = "bwd" if backward else "fwd"
-    budget = {"attention": cost.attention_s, "gemm": cost.gemm_s}
+    budget = {"attention": cost.attention_s, "gemm": cost.gemm_s, "compute": cost.compute_s}
     for c in unit.comms:
         if c.phase != phase:
             continue
-        t = collective_time_s(cluster, c.kind, c.bytes, getattr(groups, c.group))
+        t = collective_time_s(cluster, c.kind, c.bytes, getattr(groups, c.group), c.fanout)
         if c.hidden_by:
             hidden = min(t, budget[c.hidden_by])
             budget[c.hidden_by] -= hidden

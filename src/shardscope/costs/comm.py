@@ -65,7 +65,15 @@ def _ring_latency_s(cluster: Cluster, group: GroupPlacement) -> float:
     return (n - d) * cluster.scaleup_latency_s + d * cluster.scaleout_latency_s
 
 
-def collective_time_s(cluster: Cluster, kind: str, nbytes: float, group: GroupPlacement) -> float:
+def hierarchical_remote_copies(top_k: int, nodes: int) -> float:
+    """Copies of a token that cross the fabric when an MoE dispatcher sends one copy per destination
+    node and fans out over NVLink there (DeepEP / HybridEP): with top-k experts spread uniformly over
+    N nodes, the expected number of other nodes hit is (N-1)·(1 - (1 - 1/N)^k), against k·(N-1)/N
+    copies for a flat all-to-all."""
+    return (nodes - 1) * (1 - (1 - 1 / nodes) ** top_k)
+
+
+def collective_time_s(cluster: Cluster, kind: str, nbytes: float, group: GroupPlacement, fanout: int = 0) -> float:
     n = group.size
     if n <= 1 or nbytes <= 0:
         return 0.0
@@ -83,6 +91,9 @@ def collective_time_s(cluster: Cluster, kind: str, nbytes: float, group: GroupPl
         if not group.intra:  # only the off-domain share crosses the fabric, one NIC per GPU
             remote = (n - group.per_domain) / n * nbytes
             local = (group.per_domain - 1) / n * nbytes
+            if fanout:  # one copy per remote node, fanned out over NVLink on arrival
+                remote = nbytes / fanout * hierarchical_remote_copies(fanout, group.domains)
+                local = nbytes * (group.per_domain - 1) / group.per_domain
             return (
                 max(
                     remote / (cluster.scaleout_gbps * 1e9 * SCALEOUT_EFFICIENCY),

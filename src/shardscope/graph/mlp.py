@@ -103,8 +103,15 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     perm = BF16 * tm * moe.top_k * h
     ops.append(Op("permute", "memory", bytes=BF16 * tm * h + perm, bwd_bytes=BF16 * tm * h + perm))
     dispatch = load * perm
+    fanout = moe.top_k if plan.ep_dispatch == "hierarchical" else 0
+    # Megatron's combined-1F1B schedule (overlap_moe_expert_parallel_comm) runs one micro-batch's
+    # dispatch/combine under another micro-batch's compute.
+    a2a_hide = "compute" if plan.ep_comm_overlap else ""
     if plan.ep > 1:
-        comms += [Collective("ep dispatch all-to-all", "all_to_all", "ep", dispatch, ph) for ph in ("fwd", "bwd")]
+        comms += [
+            Collective("ep dispatch all-to-all", "all_to_all", "ep", dispatch, ph, a2a_hide, fanout)
+            for ph in ("fwd", "bwd")
+        ]
     if plan.etp > 1:
         comms += [
             Collective("etp all-gather tokens", "all_gather", "etp", dispatch * plan.etp, "fwd"),
@@ -120,7 +127,10 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
             Collective("etp all-gather grads", "all_gather", "etp", dispatch * plan.etp, "bwd"),
         ]
     if plan.ep > 1:
-        comms += [Collective("ep combine all-to-all", "all_to_all", "ep", dispatch, ph) for ph in ("fwd", "bwd")]
+        comms += [
+            Collective("ep combine all-to-all", "all_to_all", "ep", dispatch, ph, a2a_hide, fanout)
+            for ph in ("fwd", "bwd")
+        ]
     ops.append(Op("unpermute + weighted sum", "memory", bytes=perm + BF16 * tm * h, bwd_bytes=2 * perm + BF16 * tm * h))
     if moe.shared_experts:
         s_ops, s_saved, si, sg = _ffn(

@@ -48,7 +48,8 @@ class Collective:
 
     `bytes` is the full buffer: the output of an all-gather, the input of a reduce-scatter, the buffer
     of an all-reduce, the per-rank send of an all-to-all or send/recv. `hidden_by` names the compute
-    that can overlap it ("" = exposed on the critical path).
+    that can overlap it ("" = exposed on the critical path; "compute" = any compute of the layer, as
+    when another micro-batch's work is interleaved with it).
     """
 
     name: str
@@ -56,4 +57,5 @@ class Collective:
     group: Group
     bytes: float
     phase: Phase
-    hidden_by: Literal["", "attention", "gemm"] = ""
+    hidden_by: Literal["", "attention", "gemm", "compute"] = ""
+    fanout: int = 0  # MoE dispatch: experts per token when sent once per node (hierarchical); 0 = flat

@@ -60,6 +60,8 @@ class Plan:
     moe_skew: float = 0.0  # Zipf exponent of expert popularity (0 = balanced)
     capacity_factor: float = 0.0  # 0 = dropless
     mtp: bool = False  # train the model's multi-token-prediction modules
+    ep_comm_overlap: bool = False  # hide EP all-to-alls under another micro-batch's compute
+    ep_dispatch: Literal["flat", "hierarchical"] = "flat"  # hierarchical: one copy per node (DeepEP/HybridEP)
 
     def stage_layers(self, layers: int) -> int:
         """Layers on the most-loaded pipeline rank."""
@@ -213,6 +215,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
             raise ShardscopeError(f"--etp {plan.etp} does not divide the expert FFN size {model.moe.expert_ffn}")
     if model.moe is not None and plan.tp > 1 and not plan.sequence_parallel:
         raise ShardscopeError("MoE with --tp > 1 needs sequence parallel (as in Megatron-Core)")
+    if plan.ep_dispatch not in ("flat", "hierarchical"):
+        raise ShardscopeError(f"--ep-dispatch must be flat or hierarchical, got {plan.ep_dispatch!r}")
     if plan.moe_imbalance < 1 or plan.moe_skew < 0 or plan.capacity_factor < 0:
         raise ShardscopeError("--moe-imbalance must be >= 1, --moe-skew and --capacity-factor >= 0")
     if plan.fsdp and plan.zero not in (0, 3):

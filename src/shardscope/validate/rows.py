@@ -12,6 +12,14 @@ Defaults for blank cells (the frameworks' own recipes, never tuned to a row):
   causal skip   off for llm-foundry: its triton flash attention takes ALiBi and the causal mask as one
                 additive bias, so every block of the score matrix is computed.
   TP overlap    on for Megatron-Bridge/NeMo perf recipes (they enable `tp_comm_overlap`), off otherwise.
+  EP overlap    on for Megatron-Bridge MoE perf runs (their perf scripts set
+                OVERLAP_MOE_EXPERT_PARALLEL_COMM=True: the combined-1F1B all-to-all overlap).
+  EP dispatch   hierarchical (one copy per node, NVLink fan-out) for Megatron-Bridge MoE perf runs, which
+                use the DeepEP / HybridEP dispatchers.
+  MTP           DeepSeek-V3 rows train the MTP module unless the table says "w/o MTP" (the recipe's
+                default; the rows' TFLOP/s-to-tokens/s ratios include its FLOPs).
+  MoE models    structure from the catalog config (MLA, shared experts, dense layers, windows), after
+                checking the row's columns agree with it.
 """
 
 from __future__ import annotations
@@ -47,11 +55,39 @@ def _int(row: dict[str, str], key: str, default: int | None = None) -> int:
     return int(float(value))
 
 
+# MoE rows name models whose structure (MLA, shared experts, dense layers, windows) the columns cannot
+# carry: they are taken from the catalog config, after checking the row's columns agree with it.
+CATALOG_MODELS = {
+    "deepseek_v3": "deepseek-v3",
+    "qwen3_30b_a3b": "qwen3-30b-a3b",
+    "qwen3_235b_a22b": "qwen3-235b-a22b",
+    "gpt_oss_120b": "gpt-oss-120b",
+}
+
+
+def _catalog_model(row: dict[str, str]) -> ModelSpec:
+    from shardscope.models.catalog import list_models, load_model
+
+    name = CATALOG_MODELS[row["model"].lower()]
+    if name not in list_models():
+        raise SkipRow(f"no catalog config for {row['model']}")
+    m = load_model(name)
+    checks = {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "vocab": m.vocab}
+    if m.moe:
+        checks |= {"experts": m.moe.experts, "topk": m.moe.top_k, "ffn_hidden": m.moe.expert_ffn}
+    for col, value in checks.items():
+        if row.get(col) and int(float(row[col])) != value:
+            raise SkipRow(f"row's {col}={row[col]} disagrees with the {name} config ({value})")
+    return m
+
+
 def model_from_row(row: dict[str, str]) -> ModelSpec:
     """The row's architecture columns + the family's structure (norm, MLP, positions, biases)."""
     name = row["model"].lower()
+    if name in CATALOG_MODELS:
+        return _catalog_model(row)
     if row.get("arch") not in ("dense", ""):
-        raise SkipRow(f"{row.get('arch')} architecture is modelled in a later release (MoE / DiT)")
+        raise SkipRow(f"{row.get('arch')} architecture is not modelled yet")
     if not (row.get("layers") and row.get("hidden") and row.get("heads")):
         raise SkipRow("architecture columns are blank in the source")
     heads = _int(row, "heads")
@@ -117,6 +153,10 @@ def fp8_recipe(row: dict[str, str]) -> str:
     return "tensorwise"
 
 
+def case_model_mtp(row: dict[str, str]) -> bool:
+    return row["model"].lower() == "deepseek_v3" and "w/o MTP" not in row.get("notes", "")
+
+
 def case_from_row(row: dict[str, str]) -> RowCase:
     precision = (row.get("precision") or "bf16").strip().lower()
     model = model_from_row(row)
@@ -142,6 +182,11 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             attention_kernel=_attention_kernel(row),
             tp_comm_overlap=row.get("source") in MEGATRON_SOURCES,
             causal_block_skip=row.get("source") != "MOSAICML_LLMFOUNDRY",
+            ep=_int(row, "ep", 1),
+            ep_comm_overlap=row.get("source") in MEGATRON_SOURCES,
+            ep_dispatch="hierarchical" if row.get("source") in MEGATRON_SOURCES else "flat",
+            # Megatron-Bridge's DeepSeek-V3 recipe trains the MTP module unless the table says "w/o MTP".
+            mtp=bool(case_model_mtp(row)),
             **_sharding(row),
         )
     except ShardscopeError as exc:
