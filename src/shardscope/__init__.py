@@ -22,12 +22,14 @@ def estimate(
     *,
     gpus_per_node: int | None = None,
     cluster_file: str | Path | None = None,
+    video: str | None = None,
     **plan: object,
 ) -> Estimate:
     """Estimate one training step of `model` (catalog name or config.json path) on `gpus` GPUs.
 
     Plan keywords are the fields of `shardscope.plan.Plan` (tp, pp, vpp, cp, dp, zero, fsdp, recompute,
-    micro_batch, global_batch, seq_len, ...); dp is derived when left out.
+    micro_batch, global_batch, seq_len, ...); dp is derived when left out. For a video diffusion
+    transformer, `video="FRAMESxHEIGHTxWIDTH"` sets seq_len to the clip's latent token count.
     """
     from shardscope.analytic.step import estimate_step
     from shardscope.hardware.catalog import load_cluster_file, make_cluster
@@ -35,8 +37,28 @@ def estimate(
     from shardscope.plan.plan import make_plan
 
     spec = load_model(model)
+    if video is not None:
+        plan["seq_len"] = video_seq_len(spec, video)
     if cluster_file is not None:
         cluster = load_cluster_file(Path(cluster_file), gpus=gpus)
     else:
         cluster = make_cluster(gpu, gpus, gpus_per_node)
     return estimate_step(spec, cluster, make_plan(spec, cluster, **plan))
+
+
+def video_seq_len(spec, video: str) -> int:
+    """Latent tokens of a FRAMESxHEIGHTxWIDTH clip for a video DiT (VAE and patch compression)."""
+    from shardscope.errors import ShardscopeError
+
+    if spec.dit is None:
+        raise ShardscopeError(f"--video needs a video diffusion model ({spec.name} is not one)")
+    try:
+        frames, height, width = (int(v) for v in video.lower().split("x"))
+    except ValueError:
+        raise ShardscopeError(f"--video must be FRAMESxHEIGHTxWIDTH (e.g. 81x720x1280), got {video!r}") from None
+    if min(frames, height, width) <= 0:
+        raise ShardscopeError(f"--video sizes must be positive, got {video!r}")
+    tokens = spec.dit.video_tokens(frames, height, width)
+    if tokens <= 0:
+        raise ShardscopeError(f"--video {video} is smaller than one latent patch")
+    return tokens

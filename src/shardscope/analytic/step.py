@@ -164,6 +164,9 @@ def model_flops_per_token(model: ModelSpec, seq_len: int, causal: bool = True) -
     for kind, n in Counter(model.layer_kinds()).items():
         attn = 2.0 * model.heads * (model.qk_head_dim + model.v_head_dim) * model.keys_per_query(kind, seq_len, causal)
         fwd += n * (2.0 * model.matmul_params_per_token(kind) + attn)
+        if kind.mlp == "dit" and model.dit is not None:  # cross-attention to the text tokens
+            text, d = model.dit.text_len, model.hidden
+            fwd += n * (4.0 * d * text + 2.0 * 2 * d * d * text / seq_len)
     return 3.0 * fwd
 
 

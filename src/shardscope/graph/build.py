@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from shardscope.costs.routing import RoutingLoad, routing_load
 from shardscope.graph.attention import attention_group
 from shardscope.graph.common import ALL, BF16, FP32, OpGroup, Shapes, gemm, norm
+from shardscope.graph.dit import dit_block_group, dit_embedding_group, dit_head_group
 from shardscope.graph.fp8 import quantization_bytes
 from shardscope.graph.mlp import dense_mlp_group, moe_group
 from shardscope.graph.ops import Collective, Op, Saved
@@ -48,9 +49,13 @@ def layer_group(
 ) -> OpGroup:
     """One transformer block of `kind` on one GPU for one micro-batch."""
     kind = kind or model.layer_kind(0)
-    attn, ai, ag = attention_group(model, plan, kind)
-    mlp, mi, mg = moe_group(model, plan, load) if kind.mlp == "moe" else dense_mlp_group(model, plan)
-    group = attn + mlp
+    if kind.mlp.startswith("dit"):
+        group, ai, ag = dit_block_group(model, plan, kind)
+        mi = mg = 0.0
+    else:
+        attn, ai, ag = attention_group(model, plan, kind)
+        mlp, mi, mg = moe_group(model, plan, load) if kind.mlp == "moe" else dense_mlp_group(model, plan)
+        group = attn + mlp
     if plan.precision == "fp8":
         fwd_b, bwd_b = quantization_bytes(plan, arch, ai + mi, ag + mg)
         group = group + OpGroup((Op("fp8 casts", "memory", bytes=fwd_b, bwd_bytes=bwd_b, cheap=True),), (), ())
@@ -109,8 +114,8 @@ def build_stage_graph(model: ModelSpec, plan: Plan, arch: str = "hopper") -> Sta
     return StageGraph(
         layers=layers,
         kinds=kinds,
-        embedding=embedding_group(model, plan),
-        head=head_group(model, plan),
+        embedding=dit_embedding_group(model, plan) if model.dit else embedding_group(model, plan),
+        head=dit_head_group(model, plan) if model.dit else head_group(model, plan),
         tokens=sh.t,
         boundary_bytes=BF16 * sh.t_sp * model.hidden,
         routing=routing,

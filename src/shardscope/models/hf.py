@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from shardscope.errors import ShardscopeError
-from shardscope.models.spec import GPT_BLOCK, MLASpec, ModelSpec, MoESpec
+from shardscope.models.spec import GPT_BLOCK, DiTSpec, MLASpec, ModelSpec, MoESpec
 
 LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "olmo2", "granite"}
 SUPPORTED = sorted(
@@ -270,10 +270,87 @@ _PARSERS = {
 } | {t: _llama_like for t in LLAMA_LIKE}
 
 
+def _wan(name: str, cfg: dict[str, Any]) -> ModelSpec:
+    """diffusers WanTransformer3DModel (Wan 2.1 text-to-video). Text: umT5, 512 tokens."""
+    heads = _positive("num_attention_heads", _need(cfg, "num_attention_heads"))
+    head_dim = _positive("attention_head_dim", _need(cfg, "attention_head_dim"))
+    patch = tuple(cfg.get("patch_size") or (1, 2, 2))
+    dit = DiTSpec(
+        family="wan",
+        in_channels=int(_need(cfg, "in_channels")),
+        out_channels=int(_need(cfg, "out_channels")),
+        patch=patch,
+        text_dim=int(_need(cfg, "text_dim")),
+        text_len=512,
+        freq_dim=int(cfg.get("freq_dim") or 256),
+        cross_attn_norm=bool(cfg.get("cross_attn_norm", True)),
+    )
+    return ModelSpec(
+        name=name,
+        hidden=heads * head_dim,
+        layers=_positive("num_layers", _need(cfg, "num_layers")),
+        heads=heads,
+        kv_heads=heads,
+        head_dim=head_dim,
+        ffn_hidden=_positive("ffn_dim", _need(cfg, "ffn_dim")),
+        vocab=0,
+        mlp="gelu",
+        norm="layernorm",
+        qk_norm=True,
+        position="rope",
+        dit=dit,
+    )
+
+
+def _hunyuan_video(name: str, cfg: dict[str, Any]) -> ModelSpec:
+    """diffusers HunyuanVideoTransformer3DModel: dual-stream then single-stream blocks. Text: LLaVA-LLaMA
+    hidden states (4096-d, 256 tokens) through a token refiner, plus CLIP pooled (768-d)."""
+    heads = _positive("num_attention_heads", _need(cfg, "num_attention_heads"))
+    head_dim = _positive("attention_head_dim", _need(cfg, "attention_head_dim"))
+    d = heads * head_dim
+    p = int(cfg.get("patch_size") or 2)
+    double = int(_need(cfg, "num_layers"))
+    dit = DiTSpec(
+        family="hunyuan",
+        in_channels=int(_need(cfg, "in_channels")),
+        out_channels=int(_need(cfg, "out_channels")),
+        patch=(int(cfg.get("patch_size_t") or 1), p, p),
+        text_dim=int(_need(cfg, "text_embed_dim")),
+        text_len=256,
+        double_layers=double,
+        refiner_layers=int(cfg.get("num_refiner_layers") or 2),
+        pooled_dim=int(cfg.get("pooled_projection_dim") or 768),
+        guidance=bool(cfg.get("guidance_embeds")),
+    )
+    return ModelSpec(
+        name=name,
+        hidden=d,
+        layers=double + int(_need(cfg, "num_single_layers")),
+        heads=heads,
+        kv_heads=heads,
+        head_dim=head_dim,
+        ffn_hidden=int(float(cfg.get("mlp_ratio") or 4.0) * d),
+        vocab=0,
+        mlp="gelu",
+        norm="layernorm",
+        qk_norm=True,
+        position="rope",
+        dit=dit,
+    )
+
+
+_DIFFUSERS = {"WanTransformer3DModel": _wan, "HunyuanVideoTransformer3DModel": _hunyuan_video}
+
+
 def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec:
-    """Build a ModelSpec from the parsed content of an HF config.json."""
+    """Build a ModelSpec from the parsed content of an HF config.json (or a diffusers transformer config)."""
     if not isinstance(cfg, dict):
         raise ShardscopeError("config.json must hold a JSON object")
+    if "_class_name" in cfg and "model_type" not in cfg:
+        cls = cfg["_class_name"]
+        if cls not in _DIFFUSERS:
+            raise ShardscopeError(f"unsupported diffusers model {cls!r} (supported: {', '.join(sorted(_DIFFUSERS))})")
+        return _DIFFUSERS[cls](name, cfg)
     model_type = cfg.get("model_type")
     if model_type not in _PARSERS:
         raise ShardscopeError(

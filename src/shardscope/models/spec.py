@@ -33,6 +33,41 @@ class MLASpec:
 
 
 @dataclass(frozen=True, slots=True)
+class DiTSpec:
+    """A video diffusion transformer's extras around its blocks.
+
+    Wan 2.1 (`family="wan"`): every block has non-causal self-attention with q/k RMSNorm and 3-D RoPE,
+    cross-attention to `text_len` text tokens, a GeLU FFN and adaLN modulation (a learned 6·d table plus
+    the time projection). HunyuanVideo (`"hunyuan"`): `double_layers` dual-stream blocks (separate video
+    and text weights, joint attention) then single-stream blocks over the concatenated tokens; a token
+    refiner and time/guidance/pooled-text embedders. The VAE compresses frames by `vae_temporal` and
+    pixels by `vae_spatial`; the patch embedding by `patch` (t, h, w).
+    """
+
+    family: Literal["wan", "hunyuan"]
+    in_channels: int
+    out_channels: int
+    patch: tuple[int, int, int]
+    text_dim: int
+    text_len: int
+    freq_dim: int = 256
+    double_layers: int = 0
+    refiner_layers: int = 0
+    pooled_dim: int = 0
+    guidance: bool = False
+    cross_attn_norm: bool = True
+    vae_temporal: int = 4
+    vae_spatial: int = 8
+
+    def video_tokens(self, frames: int, height: int, width: int) -> int:
+        """Latent tokens of a clip: causal video VAEs keep the first frame, (F-1)/4 + 1 latent frames."""
+        lf = (frames - 1) // self.vae_temporal + 1
+        lh, lw = height // self.vae_spatial, width // self.vae_spatial
+        pt, ph, pw = self.patch
+        return (lf // pt) * (lh // ph) * (lw // pw)
+
+
+@dataclass(frozen=True, slots=True)
 class MoESpec:
     """Routed experts (each a gated MLP of `expert_ffn`), optional shared experts, and which layers
     are MoE: every `layer_step`-th layer after the first `first_dense_layers` dense ones."""
@@ -53,7 +88,7 @@ class LayerKind(NamedTuple):
     """What distinguishes one transformer block from another in the cost model."""
 
     attention: AttentionKind = "full"
-    mlp: Literal["dense", "moe"] = "dense"
+    mlp: Literal["dense", "moe", "dit", "dit-double", "dit-single"] = "dense"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +124,7 @@ class ModelSpec:
     attention_pattern: tuple[str, ...] = ()  # per-layer AttentionKind; empty = all full
     sinks: bool = False  # one learned sink logit per head (GPT-OSS)
     mtp_layers: int = 0  # multi-token-prediction modules (DeepSeek-V3), not part of params_total
+    dit: DiTSpec | None = None
     source: str = ""
 
     # ----- layer structure ------------------------------------------------------------------------
@@ -99,6 +135,10 @@ class ModelSpec:
         return (i - m.first_dense_layers) % m.layer_step == m.layer_step - 1
 
     def layer_kind(self, i: int) -> LayerKind:
+        if self.dit:
+            if self.dit.family == "hunyuan":
+                return LayerKind("full", "dit-double" if i < self.dit.double_layers else "dit-single")
+            return LayerKind("full", "dit")
         attn = self.attention_pattern[i] if self.attention_pattern else "full"
         return LayerKind(attention=attn, mlp="moe" if self.is_moe_layer(i) else "dense")  # type: ignore[arg-type]
 
@@ -205,7 +245,43 @@ class ModelSpec:
         assert self.moe is not None
         return self.router_params + self.moe.experts * self.expert_params + self.shared_expert_params
 
+    def dit_block_params(self, kind: LayerKind) -> int:
+        """Wan block: self- and cross-attention (q, k, v, out with biases; q/k RMSNorm over d), a
+        LayerNorm with affine before cross-attention, GeLU FFN with biases, 6·d modulation table.
+        Hunyuan double block: two streams each with adaLN-Zero (d→6d), q/k/v/out (+biases), q/k
+        RMSNorm over the head dim and a 4·d GeLU FFN. Single block: adaLN (d→3d), fused qkv + MLP-in
+        (d→3d+4d), q/k RMSNorm, output (5d→d)."""
+        d, f, hd = self.hidden, self.ffn_hidden, self.head_dim
+        if kind.mlp == "dit":
+            attn = 4 * (d * d + d) + 2 * d
+            return 2 * attn + (2 * d if self.dit and self.dit.cross_attn_norm else 0) + 2 * d * f + f + d + 6 * d
+        if kind.mlp == "dit-double":
+            return 2 * (6 * d * d + 6 * d) + 8 * (d * d + d) + 4 * hd + 2 * (2 * d * f + f + d)
+        return (3 * d * d + 3 * d) + (3 * d * d + 3 * d) + (d * f + f) + 2 * hd + ((d + f) * d + d)
+
+    def dit_extra_params(self) -> int:
+        """Patch embedding, conditioning embedders (time, text, guidance, pooled text, token refiner)
+        and the output head."""
+        assert self.dit is not None
+        x, d = self.dit, self.hidden
+        patch = x.patch[0] * x.patch[1] * x.patch[2]
+        n = x.in_channels * patch * d + d  # patch embedding (Conv3d)
+        n += x.out_channels * patch * d + x.out_channels * patch  # proj_out
+        timestep = x.freq_dim * d + d + d * d + d
+        if x.family == "wan":
+            n += timestep + (6 * d * d + 6 * d)  # time embedding + time projection to 6 modulations
+            n += x.text_dim * d + d + d * d + d  # text embedding MLP
+            n += 2 * d  # output modulation table
+            return n
+        n += timestep * (2 if x.guidance else 1) + x.pooled_dim * d + d + d * d + d
+        n += 2 * d * d + 2 * d  # output adaLN
+        refiner_block = 4 * (d * d + d) + 4 * d + (2 * d * self.ffn_hidden + self.ffn_hidden + d) + 2 * d * d + 2 * d
+        n += timestep + x.text_dim * d + d + d * d + d + x.text_dim * d + d + x.refiner_layers * refiner_block
+        return n
+
     def layer_params_of(self, kind: LayerKind) -> int:
+        if kind.mlp.startswith("dit"):
+            return self.dit_block_params(kind)
         mlp = self.moe_block_params if kind.mlp == "moe" else self.mlp_params
         return self.attention_params + mlp + 2 * self.norm_params
 
@@ -229,6 +305,10 @@ class ModelSpec:
 
     @property
     def params_total(self) -> int:
+        if self.dit:
+            return sum(n * self.layer_params_of(k) for k, n in self.kind_counts(range(self.layers)).items()) + (
+                self.dit_extra_params()
+            )
         layers = sum(n * self.layer_params_of(k) for k, n in self.kind_counts(range(self.layers)).items())
         return self.embedding_params + layers + self.norm_params + self.lm_head_params
 
@@ -250,7 +330,15 @@ class ModelSpec:
         return self.mtp_layers * (2 * self.norm_params + 2 * self.hidden * self.hidden + block + self.norm_params)
 
     def matmul_params_per_token(self, kind: LayerKind) -> int:
-        """Weights one token multiplies in a block (routed: top-k experts + shared + router)."""
+        """Weights one token multiplies in a block (routed: top-k experts + shared + router; DiT: the
+        block's weights, but cross-attention K/V are counted on the text tokens, see `cross_kv`)."""
+        if kind.mlp.startswith("dit"):
+            d = self.hidden
+            if kind.mlp == "dit":  # self-attn 4d², cross q/out 2d², FFN 2df
+                return 6 * d * d + 2 * d * self.ffn_hidden
+            if kind.mlp == "dit-double":  # one stream's weights per token (+ its adaLN runs per sample)
+                return 4 * d * d + 2 * d * self.ffn_hidden
+            return 3 * d * d + d * self.ffn_hidden + (d + self.ffn_hidden) * d
         if self.mla:
             attn = self.attention_params - (self.heads if self.sinks else 0)
         else:

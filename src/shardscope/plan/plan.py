@@ -147,6 +147,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
     """Build and validate a plan; `dp` is derived as gpus / (tp·pp·cp) when left out (0/None)."""
     kw = {k: v for k, v in kw.items() if v is not None}
     dp = kw.pop("dp", 0) or 0
+    if model.dit is not None:
+        kw["causal"] = False  # diffusion transformers attend over the whole clip
     plan = Plan(**kw)
     for name in ("tp", "pp", "vpp", "cp", "micro_batch", "global_batch", "seq_len"):
         _positive(f"--{name.replace('_', '-')}", getattr(plan, name))

@@ -3,7 +3,8 @@
 Defaults for blank cells (the frameworks' own recipes, never tuned to a row):
   micro_batch   1 (Megatron's default; Narayanan 2021 and Llama 3 do not state it).
   vpp           1 (no interleaving).
-  recompute     none (Megatron-Bridge/NeMo perf recipes and Llama 3 train without recompute unless stated).
+  recompute     the least recompute that fits in memory (none, selective, full): the run did not run out
+                of memory, and recipes pick recompute that way.
   zero_or_fsdp  blank: Megatron-Bridge/NeMo recipes use the distributed optimizer (ZeRO-1); Narayanan 2021
                 predates it (DDP). `ddp` in Megatron-Bridge tables also runs the distributed optimizer.
   attention     flash-attention 2 for llm-foundry (MosaicML's benchmarks); cuDNN/FA3-class kernels for
@@ -62,6 +63,7 @@ CATALOG_MODELS = {
     "qwen3_30b_a3b": "qwen3-30b-a3b",
     "qwen3_235b_a22b": "qwen3-235b-a22b",
     "gpt_oss_120b": "gpt-oss-120b",
+    "wan2.1_14b": "wan2.1-t2v-14b",
 }
 
 
@@ -73,6 +75,8 @@ def _catalog_model(row: dict[str, str]) -> ModelSpec:
         raise SkipRow(f"no catalog config for {row['model']}")
     m = load_model(name)
     checks = {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "vocab": m.vocab}
+    if m.dit:
+        checks |= {"ffn_hidden": m.ffn_hidden}
     if m.moe:
         checks |= {"experts": m.moe.experts, "topk": m.moe.top_k, "ffn_hidden": m.moe.expert_ffn}
     for col, value in checks.items():
@@ -162,8 +166,12 @@ def case_from_row(row: dict[str, str]) -> RowCase:
     model = model_from_row(row)
     cluster = make_cluster(row["gpu"], _int(row, "num_gpus"))
     recompute = (row.get("recompute") or "none").strip().lower()
+    recompute_layers = 0
     if recompute.startswith("selective"):
         recompute = "selective"
+    elif recompute.startswith("full("):  # Megatron "full(block,N)": N layers per stage recomputed
+        match = re.search(r"full\(\w+,\s*(\d+)\)", recompute)
+        recompute, recompute_layers = "full", int(match.group(1)) if match else 0
     try:
         plan = make_plan(
             model,
@@ -177,6 +185,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             global_batch=_int(row, "global_batch"),
             seq_len=_int(row, "seq_len"),
             recompute=recompute,
+            recompute_layers=recompute_layers,
             precision="fp8" if precision == "fp8" else "bf16",
             fp8_recipe=fp8_recipe(row) if precision == "fp8" else "tensorwise",
             attention_kernel=_attention_kernel(row),
@@ -191,4 +200,20 @@ def case_from_row(row: dict[str, str]) -> RowCase:
         )
     except ShardscopeError as exc:
         raise SkipRow(f"plan rejected: {exc}") from None
+    if not (row.get("recompute") or "").strip():
+        plan = _least_recompute_that_fits(model, cluster, plan)
     return RowCase(model, cluster, plan)
+
+
+def _least_recompute_that_fits(model: ModelSpec, cluster: Cluster, plan: Plan) -> Plan:
+    """A blank recompute cell: the run did not run out of memory, so it used the least recompute that
+    fits (none, then selective, then full) — which frameworks' recipes pick the same way."""
+    from dataclasses import replace
+
+    from shardscope.analytic.step import estimate_step
+
+    for policy in ("none", "selective", "full"):
+        candidate = replace(plan, recompute=policy)
+        if estimate_step(model, cluster, candidate).fits:
+            return candidate
+    return replace(plan, recompute="full")

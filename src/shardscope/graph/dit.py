@@ -1,0 +1,125 @@
+"""Blocks of video diffusion transformers (see `models.spec.DiTSpec`).
+
+A Wan block is: adaLN-modulated self-attention (non-causal, q/k RMSNorm, 3-D RoPE), cross-attention
+from the video tokens to the text tokens (K/V computed on the text), and an adaLN-modulated GeLU FFN,
+each residual branch scaled by a learned gate. HunyuanVideo's double-stream blocks run the video and
+text tokens through separate weights with joint attention, and its single-stream blocks fuse the QKV
+and MLP-in projections; both are modelled as blocks over the concatenated video + text tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from shardscope.graph.attention import attention_group
+from shardscope.graph.common import (
+    BF16,
+    FP32,
+    NONE_ONLY,
+    NOT_FULL,
+    OpGroup,
+    Shapes,
+    gemm,
+    norm,
+    residual,
+    tp_collectives,
+)
+from shardscope.graph.mlp import dense_mlp_group
+from shardscope.graph.ops import Op, Saved
+from shardscope.models.spec import LayerKind, ModelSpec
+from shardscope.plan.plan import Plan
+
+
+def _modulation(model: ModelSpec, tokens: float, branches: int) -> OpGroup:
+    """adaLN shift/scale on each branch input and the gate on each branch output (element-wise)."""
+    size = BF16 * tokens * model.hidden
+    ops = tuple(
+        Op(f"adaLN modulate/gate {i}", "memory", bytes=2 * 3 * size, bwd_bytes=2 * 4 * size, cheap=True)
+        for i in range(branches)
+    )
+    saved = tuple(Saved(f"branch {i} output (gate input)", size, NOT_FULL) for i in range(branches))
+    return OpGroup(ops, saved, ())
+
+
+def _cross_attention(model: ModelSpec, plan: Plan) -> tuple[OpGroup, float, float]:
+    """Video tokens (queries) attend to the sample's text tokens (keys/values); K/V projections run on
+    the text tokens only."""
+    assert model.dit is not None
+    sh = Shapes.of(plan)
+    t, t_sp, d = sh.t, sh.t_sp, model.hidden
+    nh, hd = model.heads // plan.tp, model.head_dim
+    w = nh * hd
+    text = plan.micro_batch * model.dit.text_len
+    cn, cs = norm("cross-attn norm", model, t_sp)
+    flops = 4.0 * plan.micro_batch * nh * hd * (plan.seq_len / plan.cp) * model.dit.text_len
+    io = BF16 * (2 * t * w + 2 * text * w)
+    ops = [
+        cn,
+        gemm("cross-attn q proj", t, w, d, sh.fp8),
+        gemm("cross-attn kv proj (text)", text, 2 * w, d, sh.fp8),
+        Op(
+            "cross-attn q/k norm",
+            "memory",
+            bytes=2 * BF16 * (t + text) * w,
+            bwd_bytes=3 * BF16 * (t + text) * w,
+            cheap=True,
+        ),
+        Op("cross-attention", "attention", flops=flops, bytes=io, bwd_flops=2.5 * flops, bwd_bytes=2 * io),
+        gemm("cross-attn out proj", t, d, w, sh.fp8),
+        residual("cross-attn residual add", model, t_sp),
+    ]
+    saved = [
+        cs,
+        Saved("cross-attn norm out (q input)", sh.gemm_in * t_sp * d, NONE_ONLY),
+        Saved("cross-attn q, text k, v", BF16 * (t * w + 2 * text * w), NOT_FULL),
+        Saved("cross-attn logsumexp", FP32 * t * nh, NOT_FULL),
+        Saved("cross-attn out", BF16 * t * w, NOT_FULL),
+        Saved("cross-attn residual", BF16 * t_sp * d, NOT_FULL),
+    ]
+    comms = tp_collectives(plan, "cross-attn", BF16 * t * d)
+    return OpGroup(tuple(ops), tuple(saved), tuple(comms)), t * (d + w) + text * d, t * (w + d) + text * 2 * w
+
+
+def dit_block_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGroup, float, float]:
+    """One DiT block on one GPU for one micro-batch (+ the elements its FP8 GEMMs quantize)."""
+    assert model.dit is not None
+    if model.dit.family == "hunyuan":
+        joint = replace(plan, seq_len=plan.seq_len + model.dit.text_len * plan.cp)
+        attn, ai, ag = attention_group(model, joint, kind)
+        mlp, mi, mg = dense_mlp_group(model, joint)
+        return attn + mlp + _modulation(model, Shapes.of(joint).t_sp, 2), ai + mi, ag + mg
+    attn, ai, ag = attention_group(model, plan, kind)
+    cross, ci, cg = _cross_attention(model, plan)
+    mlp, mi, mg = dense_mlp_group(model, plan)
+    return attn + cross + mlp + _modulation(model, Shapes.of(plan).t_sp, 2), ai + ci + mi, ag + cg + mg
+
+
+def dit_embedding_group(model: ModelSpec, plan: Plan) -> OpGroup:
+    """Patch embedding (a Conv3d with stride = kernel: one GEMM over the patches) and conditioning."""
+    assert model.dit is not None
+    sh = Shapes.of(plan)
+    x = model.dit
+    patch = x.patch[0] * x.patch[1] * x.patch[2]
+    text = plan.micro_batch * x.text_len
+    ops = (
+        gemm("patch embedding", sh.t_sp, model.hidden, x.in_channels * patch),
+        gemm("text embedding", text, model.hidden, x.text_dim),
+        gemm("text embedding 2", text, model.hidden, model.hidden),
+    )
+    return OpGroup(ops, (), ())
+
+
+def dit_head_group(model: ModelSpec, plan: Plan) -> OpGroup:
+    """Final adaLN + projection back to latent patches, and the flow-matching / denoising MSE loss."""
+    assert model.dit is not None
+    sh = Shapes.of(plan)
+    x = model.dit
+    out = x.out_channels * x.patch[0] * x.patch[1] * x.patch[2]
+    fnorm, stats = norm("final norm", model, sh.t_sp)
+    ops = (
+        fnorm,
+        gemm("output proj", sh.t_sp, out, model.hidden),
+        Op("mse loss", "memory", bytes=3 * FP32 * sh.t_sp * out, bwd_bytes=3 * FP32 * sh.t_sp * out),
+    )
+    saved = (stats, Saved("output proj input", BF16 * sh.t_sp * model.hidden, frozenset({"none", "selective", "full"})))
+    return OpGroup(ops, saved, ())
