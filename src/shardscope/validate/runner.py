@@ -12,7 +12,7 @@ from shardscope.validate.metrics import predicted_metric
 from shardscope.validate.rows import SkipRow, case_from_row
 
 REQUIRED_COLUMNS = {"id", "source", "model", "gpu", "num_gpus", "metric", "value"}
-GROUPINGS = ("metric", "source", "gpu", "arch")
+GROUPINGS = ("metric", "source", "gpu", "arch", "precision")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +25,7 @@ class RowResult:
     source: str
     gpu: str
     arch: str
+    precision: str
     model: str
     num_gpus: int
 
@@ -123,6 +124,7 @@ def predict_row(row: dict[str, str]) -> RowResult:
         source=row["source"],
         gpu=row["gpu"],
         arch=row.get("arch", ""),
+        precision=(row.get("precision") or "bf16").strip().lower(),
         model=row["model"],
         num_gpus=int(row["num_gpus"]),
     )
