@@ -17,6 +17,7 @@ from shardscope.costs.memory import (
     CONTEXT_BYTES,
     FRAGMENTATION,
     GIB,
+    StateBytes,
     activation_bytes,
     buffer_bytes,
     dense_params_local,
@@ -24,7 +25,7 @@ from shardscope.costs.memory import (
     rank_params_local,
     rank_state_bytes,
 )
-from shardscope.graph.build import BF16, FP32, OpGroup, build_stage_graph
+from shardscope.graph.build import BF16, FP32, OpGroup, StageGraph, build_stage_graph
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import LayerKind, ModelSpec
 from shardscope.plan.plan import Plan
@@ -114,6 +115,7 @@ class LayerCost:
     fsdp_exposed_s: float
     fsdp_hidden_s: float
     fsdp_gather_s: float  # one all-gather of the layer (the first one of a step is never hidden)
+    wgrad_s: float = 0.0  # the weight-gradient half of the layer's GEMM backward
 
 
 def _layer_cost(
@@ -141,7 +143,8 @@ def _layer_cost(
         )
         exposed = max(0.0, ag - fwd.compute_s) + max(0.0, ag + rs - (bwd.compute_s + rec))
         hidden = 2 * ag + rs - exposed
-    return LayerCost(fwd, bwd, rec, rec_comm, exposed, hidden, ag)
+    wgrad = sum(op_time_s(cluster.gpu, op, True, plan) / 2 for op in unit.ops if op.kind == "gemm")
+    return LayerCost(fwd, bwd, rec, rec_comm, exposed, hidden, ag, wgrad)
 
 
 @dataclass(slots=True)
@@ -153,6 +156,8 @@ class Stage:
     fwd: float = 0.0  # forward compute only (window for gathers)
     bwd: float = 0.0  # backward compute incl. recompute (window for gradient reduction)
     first_gather: float = 0.0
+    fwd_exposed: float = 0.0  # exposed communication of the forward pass alone
+    wgrad: float = 0.0  # weight-gradient GEMM time (zero-bubble schedules run it separately)
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: int, causal: bool = True) -> float:
@@ -170,91 +175,130 @@ def model_flops_per_token(model: ModelSpec, seq_len: int, causal: bool = True) -
     return 3.0 * fwd
 
 
-def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
+@dataclass(frozen=True, slots=True)
+class StepCosts:
+    """Everything the analytic path and the simulator share: the op graph and its per-unit costs."""
+
+    graph: StageGraph
+    groups: Groups
+    layers: dict[LayerKind, LayerCost]
+    embed_fwd: PhaseCost
+    embed_bwd: PhaseCost
+    head_fwd: PhaseCost
+    head_bwd: PhaseCost
+    p2p_s: float  # one send/recv of a stage boundary activation
+    slowdown: float  # compute slowdown while a collective overlaps it
+    gather_bytes: int  # bytes per weight all-gathered (bf16, or FP8 with fp8_all_gather)
+
+
+def step_costs(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepCosts:
     gpu = cluster.gpu
     graph = build_stage_graph(model, plan, gpu.arch)
     groups = place_groups(cluster, plan)
-    slow = overlap_slowdown(gpu)
-    m = plan.grad_accum
-    per_microbatch_sharding = (plan.fsdp or plan.zero == 3) and plan.reshard_after_forward
     # Weights travel in bf16, or in FP8 where the framework all-gathers FP8 weights (torchao / Megatron-FSDP).
     gather_bytes = 1 if (plan.precision == "fp8" and plan.fp8_all_gather) else BF16
-    costs = {k: _layer_cost(cluster, plan, groups, model, k, g, gather_bytes) for k, g in graph.layers.items()}
-    ef = _phase_cost(cluster, plan, groups, graph.embedding, backward=False)
-    eb = _phase_cost(cluster, plan, groups, graph.embedding, backward=True)
-    hf = _phase_cost(cluster, plan, groups, graph.head, backward=False)
-    hb = _phase_cost(cluster, plan, groups, graph.head, backward=True)
-    p2p = collective_time_s(cluster, "send_recv", graph.boundary_bytes, groups.pp) if plan.pp > 1 else 0.0
-    rank_layers = plan.rank_layers(model.layers)
+    return StepCosts(
+        graph=graph,
+        groups=groups,
+        layers={k: _layer_cost(cluster, plan, groups, model, k, g, gather_bytes) for k, g in graph.layers.items()},
+        embed_fwd=_phase_cost(cluster, plan, groups, graph.embedding, backward=False),
+        embed_bwd=_phase_cost(cluster, plan, groups, graph.embedding, backward=True),
+        head_fwd=_phase_cost(cluster, plan, groups, graph.head, backward=False),
+        head_bwd=_phase_cost(cluster, plan, groups, graph.head, backward=True),
+        p2p_s=collective_time_s(cluster, "send_recv", graph.boundary_bytes, groups.pp) if plan.pp > 1 else 0.0,
+        slowdown=overlap_slowdown(gpu),
+        gather_bytes=gather_bytes,
+    )
 
-    def stage_cost(rank: int) -> Stage:
-        st = Stage()
-        layers = rank_layers[rank]
-        n_rec = plan.recomputed_layers(len(layers)) if plan.recompute == "full" else len(layers)
-        for part, recomputed in ((layers[:n_rec], plan.recompute != "none"), (layers[n_rec:], False)):
-            for kind, n in model.kind_counts(part).items():
-                c = costs[kind]
-                rec = c.recompute_s if recomputed else 0.0
-                rec_comm = c.recompute_comm_s if recomputed else 0.0
-                st.compute += n * (c.fwd.compute_s + c.bwd.compute_s + rec)
-                st.recompute += n * rec
-                st.exposed += n * (c.fwd.exposed_s + c.bwd.exposed_s + rec_comm + c.fsdp_exposed_s)
-                st.hidden += n * (c.fwd.hidden_s + c.bwd.hidden_s + c.fsdp_hidden_s)
-                st.fwd += n * c.fwd.compute_s
-                st.bwd += n * (c.bwd.compute_s + rec)
-        if layers:
-            st.first_gather = costs[graph.kinds[layers[0]]].fsdp_gather_s
-        st.exposed += st.first_gather  # the first gather of each micro-batch has nothing to hide under
-        if rank == 0:
-            st.compute += ef.compute_s + eb.compute_s
-            st.exposed += ef.exposed_s + eb.exposed_s
-        if rank == plan.pp - 1:
-            st.compute += hf.compute_s + hb.compute_s
-            st.exposed += hf.exposed_s + hb.exposed_s
-        st.exposed += 2 * plan.vpp * p2p  # activations / gradients to and from the neighbouring stages
-        st.compute += st.hidden * slow
-        return st
 
-    stages = [stage_cost(r) for r in range(plan.pp)]
-    slowest = max(range(plan.pp), key=lambda r: stages[r].compute + stages[r].exposed)
-    s = stages[slowest]
-    typical = sorted(st.compute + st.exposed for st in stages)[plan.pp // 2]
-    bubble = (plan.pp - 1) / plan.vpp * typical if plan.pp > 1 else 0.0
+def layers_cost(sc: StepCosts, model: ModelSpec, plan: Plan, layers: tuple[int, ...], recomputed: int) -> Stage:
+    """Per-micro-batch cost of running `layers` (the first `recomputed` of them under full recompute)."""
+    st = Stage()
+    n_rec = recomputed if plan.recompute == "full" else len(layers)
+    for part, is_rec in ((layers[:n_rec], plan.recompute != "none"), (layers[n_rec:], False)):
+        for kind, n in model.kind_counts(part).items():
+            c = sc.layers[kind]
+            rec = c.recompute_s if is_rec else 0.0
+            rec_comm = c.recompute_comm_s if is_rec else 0.0
+            st.compute += n * (c.fwd.compute_s + c.bwd.compute_s + rec)
+            st.recompute += n * rec
+            st.exposed += n * (c.fwd.exposed_s + c.bwd.exposed_s + rec_comm + c.fsdp_exposed_s)
+            st.hidden += n * (c.fwd.hidden_s + c.bwd.hidden_s + c.fsdp_hidden_s)
+            st.fwd += n * c.fwd.compute_s
+            st.bwd += n * (c.bwd.compute_s + rec)
+            st.fwd_exposed += n * (c.fwd.exposed_s + (c.fsdp_exposed_s / 2))
+            st.wgrad += n * c.wgrad_s
+    if layers:
+        st.first_gather = sc.layers[sc.graph.kinds[layers[0]]].fsdp_gather_s
+    return st
 
-    # ---- data-parallel gradient reduction and parameter gather (once per step) -------------------
-    dense_s, expert_s = rank_params_local(model, plan, slowest)
-    dp_exposed = dp_total = 0.0
-    if not per_microbatch_sharding:
-        # Gradients reduced (all-reduce for DDP, reduce-scatter when sharded) under the last
-        # micro-batch's backward (bucketed, Megatron overlap_grad_reduce); sharded weights gathered
-        # back under the next step's first forward (overlap_param_gather).
+
+def stage_cost(sc: StepCosts, model: ModelSpec, plan: Plan, rank: int) -> Stage:
+    """Per-micro-batch compute and exposed communication of pipeline rank `rank` (all its chunks)."""
+    layers = plan.rank_layers(model.layers)[rank]
+    st = layers_cost(sc, model, plan, layers, plan.recomputed_layers(len(layers)))
+    st.exposed += st.first_gather  # the first gather of each micro-batch has nothing to hide under
+    if rank == 0:
+        st.compute += sc.embed_fwd.compute_s + sc.embed_bwd.compute_s
+        st.exposed += sc.embed_fwd.exposed_s + sc.embed_bwd.exposed_s
+    if rank == plan.pp - 1:
+        st.compute += sc.head_fwd.compute_s + sc.head_bwd.compute_s
+        st.exposed += sc.head_fwd.exposed_s + sc.head_bwd.exposed_s
+    st.exposed += 2 * plan.vpp * sc.p2p_s  # activations / gradients to and from the neighbouring stages
+    st.compute += st.hidden * sc.slowdown
+    return st
+
+
+@dataclass(frozen=True, slots=True)
+class DPComm:
+    """Once-per-step data-parallel traffic of one rank and how much of it is exposed."""
+
+    grad_exposed_s: float  # gradient reduction left after the last backward
+    gather_exposed_s: float  # weight gather not hidden by the first forward
+    total_s: float
+
+    @property
+    def exposed_s(self) -> float:
+        return self.grad_exposed_s + self.gather_exposed_s
+
+
+def dp_comm(sc: StepCosts, model: ModelSpec, cluster: Cluster, plan: Plan, rank: int, st: Stage) -> DPComm:
+    """Gradients reduced (all-reduce for DDP, reduce-scatter when sharded) under the last micro-batch's
+    backward (bucketed, Megatron overlap_grad_reduce); sharded weights gathered back under the next
+    step's first forward (overlap_param_gather); HSDP adds an all-reduce across replicas. FSDP that
+    reshards after forward moves its traffic per micro-batch instead (see `_layer_cost`)."""
+    groups = sc.groups
+    dense, expert = rank_params_local(model, plan, rank)
+    n_layers = max(len(plan.rank_layers(model.layers)[rank]), 1)
+    grad_exp = gather_exp = total = 0.0
+    if not ((plan.fsdp or plan.zero == 3) and plan.reshard_after_forward):
         sharded = plan.zero >= 1 or plan.fsdp
         kind = "reduce_scatter" if sharded else "all_reduce"
-        grad = collective_time_s(cluster, kind, GRAD_REDUCE_BYTES * dense_s, groups.shard if sharded else groups.dp)
-        grad += collective_time_s(cluster, kind, GRAD_REDUCE_BYTES * expert_s, groups.edp)
-        n_layers = max(len(rank_layers[slowest]), 1)
-        dp_exposed += max(0.0, grad - s.bwd) + grad / n_layers
-        dp_total += grad
+        grad = collective_time_s(cluster, kind, GRAD_REDUCE_BYTES * dense, groups.shard if sharded else groups.dp)
+        grad += collective_time_s(cluster, kind, GRAD_REDUCE_BYTES * expert, groups.edp)
+        grad_exp = max(0.0, grad - st.bwd) + grad / n_layers
+        total += grad
         if sharded:
-            gather = collective_time_s(cluster, "all_gather", gather_bytes * dense_s, groups.shard)
-            gather += collective_time_s(cluster, "all_gather", gather_bytes * expert_s, groups.edp)
-            dp_exposed += max(0.0, gather - s.fwd) + gather / n_layers
-            dp_total += gather
-    if (plan.fsdp or plan.zero == 3) and plan.shard_size < plan.dp * plan.cp:  # HSDP: all-reduce across replicas
-        rep = collective_time_s(cluster, "all_reduce", GRAD_REDUCE_BYTES * dense_s / plan.shard_size, groups.replicate)
-        dp_exposed += rep
-        dp_total += rep
-    compute_mb = s.compute + max(dp_total - dp_exposed, 0.0) * slow / max(m, 1)
+            gather = collective_time_s(cluster, "all_gather", sc.gather_bytes * dense, groups.shard)
+            gather += collective_time_s(cluster, "all_gather", sc.gather_bytes * expert, groups.edp)
+            gather_exp = max(0.0, gather - st.fwd) + gather / n_layers
+            total += gather
+    if (plan.fsdp or plan.zero == 3) and plan.shard_size < plan.dp * plan.cp:
+        rep = collective_time_s(cluster, "all_reduce", GRAD_REDUCE_BYTES * dense / plan.shard_size, groups.replicate)
+        grad_exp += rep
+        total += rep
+    return DPComm(grad_exp, gather_exp, total)
 
-    sharded_opt = plan.zero >= 1 or plan.fsdp
-    opt_params = (dense_s / plan.shard_size + expert_s / plan.expert_shard_size) if sharded_opt else dense_s + expert_s
-    optimizer_s = memory_time_s(gpu, OPTIMIZER_BYTES_PER_PARAM * opt_params)
 
-    compute_s = m * compute_mb
-    exposed_s = m * s.exposed + dp_exposed
-    step = compute_s + exposed_s + bubble + optimizer_s
+def optimizer_time_s(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int) -> float:
+    dense, expert = rank_params_local(model, plan, rank)
+    sharded = plan.zero >= 1 or plan.fsdp
+    local = dense / plan.shard_size + expert / plan.expert_shard_size if sharded else dense + expert
+    return memory_time_s(cluster.gpu, OPTIMIZER_BYTES_PER_PARAM * local)
 
-    # ---- FLOPs -----------------------------------------------------------------------------------
+
+def step_flops(model: ModelSpec, plan: Plan, graph: StageGraph) -> tuple[float, float]:
+    """(model FLOPs, hardware FLOPs incl. recompute) of one optimizer step over all GPUs."""
     tokens = plan.global_batch * plan.seq_len
     model_flops = tokens * model_flops_per_token(model, plan.seq_len, plan.causal)
     if plan.mtp and model.mtp_layers:  # each MTP module: one more block and output-layer pass per token
@@ -264,37 +308,57 @@ def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
     recompute_flops = 0.0
     if plan.recompute == "full":
         mb_per_step = plan.global_batch // plan.micro_batch
-        for layers in rank_layers:
+        for layers in plan.rank_layers(model.layers):
             for kind, n in model.kind_counts(layers[: plan.recomputed_layers(len(layers))]).items():
                 unit_flops = sum(op.flops for op in graph.layers[kind].ops)
                 recompute_flops += n * unit_flops * plan.tp * plan.cp * mb_per_step
-    hardware_flops = model_flops + recompute_flops
-    peak = gpu.peak_tflops(plan.precision) * 1e12
+    return model_flops, model_flops + recompute_flops
 
-    # ---- memory ----------------------------------------------------------------------------------
-    mems = []
-    for r in sorted({0, plan.pp - 1, slowest, plan.pp // 2}):
-        st = rank_state_bytes(model, plan, r)
-        act, workspace, inflight = activation_bytes(model, plan, graph, r)
-        buf = buffer_bytes(model, plan, graph, r, gpu.arch) + workspace
-        allocated = st.params + st.grads + st.optimizer + act + buf
-        overhead = CONTEXT_BYTES + FRAGMENTATION * (act + buf)
-        mems.append((allocated + overhead, r, st, act, buf, overhead, inflight))
-    required, mstage, st, act, buf, overhead, inflight = max(mems, key=lambda x: x[0])
-    memory = MemoryBreakdown(
-        peak_gib=(required - overhead) / GIB,
+
+@dataclass(frozen=True, slots=True)
+class RankMemory:
+    """Memory parts of one pipeline rank, bytes."""
+
+    rank: int
+    state: StateBytes
+    activations: float  # saved activations at the peak (in-flight micro-batches)
+    buffers: float  # transient buffers incl. one layer's backward working set
+    inflight: int
+
+    @property
+    def allocated(self) -> float:
+        return self.state.params + self.state.grads + self.state.optimizer + self.activations + self.buffers
+
+    @property
+    def overhead(self) -> float:
+        return CONTEXT_BYTES + FRAGMENTATION * (self.activations + self.buffers)
+
+
+def rank_memory(model: ModelSpec, plan: Plan, graph: StageGraph, arch: str, rank: int) -> RankMemory:
+    act, workspace, inflight = activation_bytes(model, plan, graph, rank)
+    buf = buffer_bytes(model, plan, graph, rank, arch) + workspace
+    return RankMemory(rank, rank_state_bytes(model, plan, rank), act, buf, inflight)
+
+
+def memory_breakdown(m: RankMemory, capacity_gib: float) -> MemoryBreakdown:
+    st = m.state
+    return MemoryBreakdown(
+        peak_gib=m.allocated / GIB,
         params_gib=st.params / GIB,
         grads_gib=st.grads / GIB,
         optimizer_gib=st.optimizer / GIB,
-        activations_gib=act / GIB,
-        buffers_gib=buf / GIB,
-        overhead_gib=overhead / GIB,
-        required_gib=required / GIB,
-        capacity_gib=gpu.hbm_gib,
-        stage=mstage,
-        inflight_microbatches=inflight,
+        activations_gib=m.activations / GIB,
+        buffers_gib=m.buffers / GIB,
+        overhead_gib=m.overhead / GIB,
+        required_gib=(m.allocated + m.overhead) / GIB,
+        capacity_gib=capacity_gib,
+        stage=m.rank,
+        inflight_microbatches=m.inflight,
     )
 
+
+def plan_warnings(plan: Plan, graph: StageGraph) -> tuple[str, ...]:
+    m = plan.grad_accum
     warnings = []
     if plan.vpp > 1 and m % plan.pp:
         warnings.append(f"interleaved schedule: micro-batches per step ({m}) not a multiple of pp ({plan.pp})")
@@ -302,44 +366,85 @@ def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
         warnings.append(f"only {m} micro-batches for {plan.pp} pipeline stages: the bubble dominates")
     if graph.routing.dropped_fraction > 0:
         warnings.append(f"capacity factor drops {graph.routing.dropped_fraction:.1%} of token-expert assignments")
-    max_params = max(sum(rank_params_local(model, plan, r)) for r in {0, plan.pp - 1, slowest, plan.pp // 2})
-    state_w = st.params / (4 if plan.fsdp else 2)
+    return tuple(warnings)
+
+
+def make_estimate(
+    model: ModelSpec,
+    cluster: Cluster,
+    plan: Plan,
+    sc: StepCosts,
+    step_s: float,
+    time: TimeBreakdown,
+    memory: MemoryBreakdown,
+    extra_warnings: tuple[str, ...] = (),
+) -> Estimate:
+    """Assemble the typed result (shared by the analytic path and the simulator)."""
+    gpu = cluster.gpu
+    model_flops, hardware_flops = step_flops(model, plan, sc.graph)
+    peak = gpu.peak_tflops(plan.precision) * 1e12
+    tokens = plan.global_batch * plan.seq_len
+    ranks = sorted({0, plan.pp - 1, plan.pp // 2, memory.stage})
+    max_params = max(sum(rank_params_local(model, plan, r)) for r in ranks)
+    return Estimate(
+        model=model.name,
+        gpu=gpu.name,
+        gpus=plan.gpus,
+        plan={f.name: getattr(plan, f.name) for f in fields(plan)}
+        | {"grad_accum": plan.grad_accum, "sharding": plan.sharding_name},
+        params=ParamCounts(
+            total=model.params_total,
+            per_gpu=int(round(max_params)),
+            per_gpu_sharded=memory.params_gib * GIB / (4 if plan.fsdp else 2),
+            active=model.params_active,
+        ),
+        step_time_s=step_s,
+        tokens_per_step=tokens,
+        tokens_per_s=tokens / step_s,
+        tokens_per_s_per_gpu=tokens / step_s / plan.gpus,
+        model_flops_per_step=model_flops,
+        hardware_flops_per_step=hardware_flops,
+        model_tflops_per_gpu=model_flops / step_s / plan.gpus / 1e12,
+        hardware_tflops_per_gpu=hardware_flops / step_s / plan.gpus / 1e12,
+        mfu=model_flops / step_s / plan.gpus / peak,
+        hfu=hardware_flops / step_s / plan.gpus / peak,
+        fits=memory.required_gib <= gpu.hbm_gib,
+        memory=memory,
+        time=time,
+        warnings=plan_warnings(plan, sc.graph) + extra_warnings,
+    )
+
+
+def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
+    """The analytic fast path: closed-form pipeline time over the same op-graph costs as the simulator."""
+    sc = step_costs(model, cluster, plan)
+    m = plan.grad_accum
+    stages = [stage_cost(sc, model, plan, r) for r in range(plan.pp)]
+    slowest = max(range(plan.pp), key=lambda r: stages[r].compute + stages[r].exposed)
+    s = stages[slowest]
+    typical = sorted(st.compute + st.exposed for st in stages)[plan.pp // 2]
+    bubble = (plan.pp - 1) / plan.vpp * typical if plan.pp > 1 else 0.0
+    dp = dp_comm(sc, model, cluster, plan, slowest, s)
+    compute_mb = s.compute + max(dp.total_s - dp.exposed_s, 0.0) * sc.slowdown / max(m, 1)
+    optimizer_s = optimizer_time_s(model, cluster, plan, slowest)
+    compute_s = m * compute_mb
+    exposed_s = m * s.exposed + dp.exposed_s
+    step = compute_s + exposed_s + bubble + optimizer_s
+    mems = [
+        rank_memory(model, plan, sc.graph, cluster.gpu.arch, r) for r in sorted({0, plan.pp - 1, slowest, plan.pp // 2})
+    ]
+    worst = max(mems, key=lambda x: x.allocated + x.overhead)
     time = TimeBreakdown(
         compute_s=compute_s,
         exposed_comm_s=exposed_s,
         bubble_s=bubble,
         optimizer_s=optimizer_s,
         recompute_s=m * s.recompute,
-        comm_total_s=m * (s.exposed + s.hidden) + dp_total,
+        comm_total_s=m * (s.exposed + s.hidden) + dp.total_s,
         detail={
-            "dp_exposed_s": dp_exposed,
+            "dp_exposed_s": dp.exposed_s,
             "slowest_stage": float(slowest),
-            "moe_hot_rank_factor": graph.routing.hot_rank_factor,
+            "moe_hot_rank_factor": sc.graph.routing.hot_rank_factor,
         },
     )
-    return Estimate(
-        model=model.name,
-        gpu=gpu.name,
-        gpus=plan.gpus,
-        plan={f.name: getattr(plan, f.name) for f in fields(plan)} | {"grad_accum": m, "sharding": plan.sharding_name},
-        params=ParamCounts(
-            total=model.params_total,
-            per_gpu=int(round(max_params)),
-            per_gpu_sharded=state_w,
-            active=model.params_active,
-        ),
-        step_time_s=step,
-        tokens_per_step=tokens,
-        tokens_per_s=tokens / step,
-        tokens_per_s_per_gpu=tokens / step / plan.gpus,
-        model_flops_per_step=model_flops,
-        hardware_flops_per_step=hardware_flops,
-        model_tflops_per_gpu=model_flops / step / plan.gpus / 1e12,
-        hardware_tflops_per_gpu=hardware_flops / step / plan.gpus / 1e12,
-        mfu=model_flops / step / plan.gpus / peak,
-        hfu=hardware_flops / step / plan.gpus / peak,
-        fits=memory.required_gib <= gpu.hbm_gib,
-        memory=memory,
-        time=time,
-        warnings=tuple(warnings),
-    )
+    return make_estimate(model, cluster, plan, sc, step, time, memory_breakdown(worst, cluster.gpu.hbm_gib))
