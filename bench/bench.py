@@ -27,6 +27,21 @@ def estimates_per_second(seconds: float = 3.0) -> float:
     return n / (time.perf_counter() - start)
 
 
+def simulate_405b_16k_s(runs: int = 5) -> tuple[float, float]:
+    """Seconds to simulate one step of Llama-3.1-405B on 16,384 H100 (TP8, PP16, interleaved x4, 128
+    micro-batches), without and with writing the Chrome trace."""
+    kw = dict(gpu="H100", gpus=16384, tp=8, pp=16, vpp=4, global_batch=16384, seq_len=8192)
+    best = best_trace = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        shardscope.estimate("llama3.1-405b", simulate=True, **kw)
+        best = min(best, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        shardscope.estimate("llama3.1-405b", trace="/tmp/shardscope-bench-trace.json", **kw)
+        best_trace = min(best_trace, time.perf_counter() - t0)
+    return best, best_trace
+
+
 def cold_start_s(runs: int = 7) -> float:
     cmd = [sys.executable, "-m", "shardscope", "estimate", "llama3.1-70b", "--gpus", "64", "--tp", "8", "--json"]
     times = []
@@ -40,3 +55,5 @@ def cold_start_s(runs: int = 7) -> float:
 if __name__ == "__main__":
     print(f"in-process estimates/s: {estimates_per_second():,.0f}")
     print(f"CLI cold start (estimate --json, median of 7): {cold_start_s():.3f} s")
+    sim, sim_trace = simulate_405b_16k_s()
+    print(f"simulate Llama-3.1-405B on 16,384 GPUs (128 micro-batches): {sim:.2f} s, with trace: {sim_trace:.2f} s")

@@ -23,6 +23,11 @@ def estimate(
     gpus_per_node: int | None = None,
     cluster_file: str | Path | None = None,
     video: str | None = None,
+    simulate: bool = False,
+    schedule: str | None = None,
+    straggler_fraction: float = 0.0,
+    straggler_slowdown: float = 1.0,
+    trace: str | Path | None = None,
     **plan: object,
 ) -> Estimate:
     """Estimate one training step of `model` (catalog name or config.json path) on `gpus` GPUs.
@@ -30,6 +35,8 @@ def estimate(
     Plan keywords are the fields of `shardscope.plan.Plan` (tp, pp, vpp, cp, dp, zero, fsdp, recompute,
     micro_batch, global_batch, seq_len, ...); dp is derived when left out. For a video diffusion
     transformer, `video="FRAMESxHEIGHTxWIDTH"` sets seq_len to the clip's latent token count.
+    `simulate=True` runs the discrete-event simulator (pipeline `schedule`: gpipe, 1f1b, interleaved,
+    zb-h1, dualpipe; stragglers) instead of the closed form; `trace` writes its Chrome-trace JSON.
     """
     from shardscope.analytic.step import estimate_step
     from shardscope.hardware.catalog import load_cluster_file, make_cluster
@@ -43,7 +50,28 @@ def estimate(
         cluster = load_cluster_file(Path(cluster_file), gpus=gpus)
     else:
         cluster = make_cluster(gpu, gpus, gpus_per_node)
-    return estimate_step(spec, cluster, make_plan(spec, cluster, **plan))
+    p = make_plan(spec, cluster, **plan)
+    if not (simulate or trace or schedule or straggler_fraction):
+        return estimate_step(spec, cluster, p)
+    from shardscope.errors import ShardscopeError
+    from shardscope.sim import SCHEDULES, simulate_step
+
+    if schedule is not None and schedule not in SCHEDULES:
+        raise ShardscopeError(f"unknown schedule {schedule!r} (valid: {', '.join(SCHEDULES)})")
+    if schedule == "interleaved" and p.vpp == 1:
+        raise ShardscopeError("the interleaved schedule needs --vpp > 1")
+    if schedule in ("gpipe", "1f1b", "zb-h1", "dualpipe") and p.vpp > 1:
+        raise ShardscopeError(f"the {schedule} schedule has one model chunk per rank: use --vpp 1")
+    if schedule == "dualpipe" and p.grad_accum % 2:
+        raise ShardscopeError("dualpipe splits the micro-batches between its two directions: use an even count")
+    if not 0 <= straggler_fraction <= 1 or straggler_slowdown < 1:
+        raise ShardscopeError("--straggler-fraction must be in [0, 1] and --straggler-slowdown >= 1")
+    result = simulate_step(spec, cluster, p, schedule, straggler_fraction, straggler_slowdown)
+    if trace is not None:
+        from shardscope.report.trace import write_trace
+
+        write_trace(result, Path(trace))
+    return result.estimate
 
 
 def video_seq_len(spec, video: str) -> int:

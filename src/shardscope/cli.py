@@ -65,6 +65,13 @@ def estimate(
     mtp: Annotated[bool, typer.Option(help="train the multi-token-prediction modules (DeepSeek-V3)")] = False,
     ep_comm_overlap: Annotated[bool, typer.Option(help="overlap EP all-to-alls with another micro-batch")] = False,
     ep_dispatch: Annotated[str, typer.Option(help="flat | hierarchical (one copy per node: DeepEP)")] = "flat",
+    simulate: Annotated[bool, typer.Option(help="use the discrete-event simulator for the numbers")] = False,
+    schedule: Annotated[
+        str | None, typer.Option(help="pipeline schedule: gpipe | 1f1b | interleaved | zb-h1 | dualpipe")
+    ] = None,
+    trace: Annotated[Path | None, typer.Option(help="write the simulated step as Chrome-trace JSON")] = None,
+    straggler_fraction: Annotated[float, typer.Option(help="fraction of GPUs that run slow")] = 0.0,
+    straggler_slowdown: Annotated[float, typer.Option(help="how much slower those GPUs run")] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Predict step time, throughput, MFU and per-GPU memory of one training plan."""
@@ -81,6 +88,11 @@ def estimate(
             gpus=gpus,
             gpus_per_node=gpus_per_node,
             video=video,
+            simulate=simulate,
+            schedule=schedule,
+            trace=trace,
+            straggler_fraction=straggler_fraction,
+            straggler_slowdown=straggler_slowdown,
             cluster_file=cluster,
             tp=tp,
             pp=pp,

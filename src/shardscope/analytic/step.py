@@ -116,6 +116,7 @@ class LayerCost:
     fsdp_hidden_s: float
     fsdp_gather_s: float  # one all-gather of the layer (the first one of a step is never hidden)
     wgrad_s: float = 0.0  # the weight-gradient half of the layer's GEMM backward
+    fsdp_reduce_s: float = 0.0  # one gradient reduce-scatter of the layer
 
 
 def _layer_cost(
@@ -129,7 +130,7 @@ def _layer_cost(
         rec, rec_comm = sum(op_time_s(cluster.gpu, op, False, plan) for op in unit.ops if op.cheap), 0.0
     else:
         rec, rec_comm = 0.0, 0.0
-    exposed = hidden = ag = 0.0
+    exposed = hidden = ag = rs = 0.0
     if (plan.fsdp or plan.zero == 3) and plan.reshard_after_forward:
         # FSDP / ZeRO-3 (reshard after forward): every micro-batch all-gathers the layer in forward and
         # again in backward and reduce-scatters its gradient, prefetched under the neighbour's compute.
@@ -144,7 +145,7 @@ def _layer_cost(
         exposed = max(0.0, ag - fwd.compute_s) + max(0.0, ag + rs - (bwd.compute_s + rec))
         hidden = 2 * ag + rs - exposed
     wgrad = sum(op_time_s(cluster.gpu, op, True, plan) / 2 for op in unit.ops if op.kind == "gemm")
-    return LayerCost(fwd, bwd, rec, rec_comm, exposed, hidden, ag, wgrad)
+    return LayerCost(fwd, bwd, rec, rec_comm, exposed, hidden, ag, wgrad, rs)
 
 
 @dataclass(slots=True)

@@ -1,12 +1,16 @@
-"""List scheduling of per-rank action orders with cross-rank dependencies (the pipeline engine).
+"""Discrete-event execution of pipeline schedules over per-rank compute streams.
 
-Each rank runs its actions in order on its compute stream; an action starts when the stream is free
-and its inputs have arrived: F(m, c) needs F(m, c-1) from the previous chunk's rank plus the send/recv
-time, B(m, c) needs B(m, c+1) likewise (or its own F at the last chunk), W(m, c) needs B(m, c).
+Each rank holds one or more lanes (ordered lists of F/B actions; DualPipe has one per direction) and,
+for zero-bubble schedules, a pool of weight-gradient (W) actions that become available after their B.
+Ranks are advanced in global time order: a rank starts the earliest-ready head of its lanes; if that
+would leave it idle and a W is pending, it runs the W first (zero-bubble filling). Cross-rank inputs
+arrive after the producing action plus a send/recv: F(m, c) needs F(m, prev(c)), B(m, c) needs
+B(m, next(c)) (or its own F at the loss), W(m, c) needs B(m, c).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,50 +35,61 @@ class Timed:
 
 
 def run_schedule(
-    orders: list[list[Action]],
+    lanes: list[list[list[Action]]],
     layout: Layout,
     duration_s: Callable[[int, Action], float],
     transfer_s: float,
+    split_w: bool = False,
+    max_pending_w: Callable[[int], int] | None = None,
 ) -> list[list[Timed]]:
     """Start and end times of every action; raises if the orders deadlock (a schedule bug)."""
+    n = len(lanes)
+    queues = [[deque(lane) for lane in rank_lanes] for rank_lanes in lanes]
+    pending_w: list[deque[Action]] = [deque() for _ in range(n)]
+    free = [0.0] * n
     done: dict[tuple[str, int, int], float] = {}
-    free = [0.0] * len(orders)
-    pos = [0] * len(orders)
-    out: list[list[Timed]] = [[] for _ in orders]
-    remaining = sum(len(o) for o in orders)
-    while remaining:
+    out: list[list[Timed]] = [[] for _ in range(n)]
+
+    def ready_time(a: Action, rank: int) -> float | None:
+        def after(kind: str, chunk: int) -> float | None:
+            t = done.get((kind, a.mb, chunk))
+            if t is None:
+                return None
+            return t + (transfer_s if layout.rank_of(chunk) != rank else 0.0)
+
+        if a.kind == "F":
+            p = layout.prev(a.chunk)
+            return 0.0 if p is None else after("F", p)
+        nxt = layout.next(a.chunk)
+        return after("F", a.chunk) if nxt is None else after("B", nxt)
+
+    def execute(r: int, a: Action, start: float) -> None:
+        end = start + duration_s(r, a)
+        done[(a.kind, a.mb, a.chunk)] = end
+        out[r].append(Timed(a, r, start, end))
+        free[r] = end
+        if split_w and a.kind == "B":
+            pending_w[r].append(Action("W", a.mb, a.chunk))
+
+    def has_work(r: int) -> bool:
+        return any(queues[r]) or bool(pending_w[r])
+
+    while any(has_work(r) for r in range(n)):
         progressed = False
-        for r, order in enumerate(orders):
-            while pos[r] < len(order):
-                a = order[pos[r]]
-                ready = _ready_time(a, r, layout, done, transfer_s)
-                if ready is None:
-                    break
-                start = max(free[r], ready)
-                end = start + duration_s(r, a)
-                done[(a.kind, a.mb, a.chunk)] = end
-                out[r].append(Timed(a, r, start, end))
-                free[r] = end
-                pos[r] += 1
-                remaining -= 1
-                progressed = True
+        for r in sorted((r for r in range(n) if has_work(r)), key=free.__getitem__):
+            heads = [(ready_time(q[0], r), i) for i, q in enumerate(queues[r]) if q]
+            known = [(max(t, free[r]), 0 if queues[r][i][0].kind == "B" else 1, i) for t, i in heads if t is not None]
+            cap = max_pending_w(r) if max_pending_w else len(pending_w[r]) + 1
+            if pending_w[r] and (len(pending_w[r]) > cap or not known or min(known)[0] > free[r]):
+                execute(r, pending_w[r].popleft(), free[r])
+            elif known:
+                start, _, i = min(known)
+                execute(r, queues[r][i].popleft(), start)
+            else:
+                continue
+            progressed = True
+            break
         if not progressed:
-            stuck = {r: orders[r][pos[r]] for r in range(len(orders)) if pos[r] < len(orders[r])}
+            stuck = {r: [q[0] for q in queues[r] if q] for r in range(n) if any(queues[r])}
             raise RuntimeError(f"pipeline schedule deadlocks at {stuck}")
     return out
-
-
-def _ready_time(a: Action, rank: int, layout: Layout, done: dict, transfer_s: float) -> float | None:
-    def after(kind: str, chunk: int) -> float | None:
-        t = done.get((kind, a.mb, chunk))
-        if t is None:
-            return None
-        return t + (transfer_s if layout.rank_of(chunk) != rank else 0.0)
-
-    if a.kind == "F":
-        p = layout.prev(a.chunk)
-        return 0.0 if p is None else after("F", p)
-    if a.kind == "B":
-        n = layout.next(a.chunk)
-        return after("F", a.chunk) if n is None else after("B", n)
-    return after("B", a.chunk)  # W
