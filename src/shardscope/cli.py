@@ -65,6 +65,8 @@ def estimate(
     mtp: Annotated[bool, typer.Option(help="train the multi-token-prediction modules (DeepSeek-V3)")] = False,
     ep_comm_overlap: Annotated[bool, typer.Option(help="overlap EP all-to-alls with another micro-batch")] = False,
     ep_dispatch: Annotated[str, typer.Option(help="flat | hierarchical (one copy per node: DeepEP)")] = "flat",
+    fsdp_prefetch: Annotated[int, typer.Option(help="FSDP layers gathered ahead (0 = no overlap)")] = 1,
+    overlap_grad_reduce: Annotated[bool, typer.Option(help="DP gradient reduction under the backward")] = True,
     simulate: Annotated[bool, typer.Option(help="use the discrete-event simulator for the numbers")] = False,
     schedule: Annotated[
         str | None, typer.Option(help="pipeline schedule: gpipe | 1f1b | interleaved | zb-h1 | dualpipe")
@@ -123,6 +125,8 @@ def estimate(
             mtp=mtp,
             ep_comm_overlap=ep_comm_overlap,
             ep_dispatch=ep_dispatch,
+            fsdp_prefetch=fsdp_prefetch,
+            overlap_grad_reduce=overlap_grad_reduce,
         )
     except ShardscopeError as exc:
         _fail(str(exc))

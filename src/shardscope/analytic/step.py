@@ -142,7 +142,9 @@ def _layer_cost(
         rs = collective_time_s(cluster, "reduce_scatter", GRAD_REDUCE_BYTES * dense, groups.shard) + (
             collective_time_s(cluster, "reduce_scatter", GRAD_REDUCE_BYTES * expert, groups.edp)
         )
-        exposed = max(0.0, ag - fwd.compute_s) + max(0.0, ag + rs - (bwd.compute_s + rec))
+        # prefetching d layers ahead hides a gather under up to d layers of compute (0: no overlap)
+        d = plan.fsdp_prefetch
+        exposed = max(0.0, ag - d * fwd.compute_s) + max(0.0, ag + rs - d * (bwd.compute_s + rec))
         hidden = 2 * ag + rs - exposed
     wgrad = sum(op_time_s(cluster.gpu, op, True, plan) / 2 for op in unit.ops if op.kind == "gemm")
     return LayerCost(fwd, bwd, rec, rec_comm, exposed, hidden, ag, wgrad, rs)
@@ -277,7 +279,7 @@ def dp_comm(sc: StepCosts, model: ModelSpec, cluster: Cluster, plan: Plan, rank:
         kind = "reduce_scatter" if sharded else "all_reduce"
         grad = collective_time_s(cluster, kind, GRAD_REDUCE_BYTES * dense, groups.shard if sharded else groups.dp)
         grad += collective_time_s(cluster, kind, GRAD_REDUCE_BYTES * expert, groups.edp)
-        grad_exp = max(0.0, grad - st.bwd) + grad / n_layers
+        grad_exp = max(0.0, grad - st.bwd) + grad / n_layers if plan.overlap_grad_reduce else grad
         total += grad
         if sharded:
             gather = collective_time_s(cluster, "all_gather", sc.gather_bytes * dense, groups.shard)

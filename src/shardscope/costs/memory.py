@@ -170,10 +170,10 @@ def buffer_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int, ar
     biggest = max(per_kind.values(), default=0.0)
     gathered = sum(n * per_kind[k] for k, n in counts.items())
     if (plan.fsdp or plan.zero == 3) and plan.shard_size > 1:
-        # Current + prefetched gathered layer (bf16) and an unsharded fp32 gradient being reduce-scattered.
-        buf += 2 * BF16 * biggest + FP32 * biggest
+        # Current + prefetched gathered layers (bf16) and an unsharded fp32 gradient being reduce-scattered.
+        buf += (1 + plan.fsdp_prefetch) * BF16 * biggest + FP32 * biggest
         if plan.reshard_after_forward:
-            gathered = 2 * biggest
+            gathered = (1 + plan.fsdp_prefetch) * biggest
         else:
             buf += BF16 * stage_params_local(model, plan, stage)
     if plan.precision == "fp8":

@@ -61,6 +61,8 @@ class Plan:
     capacity_factor: float = 0.0  # 0 = dropless
     mtp: bool = False  # train the model's multi-token-prediction modules
     ep_comm_overlap: bool = False  # hide EP all-to-alls under another micro-batch's compute
+    fsdp_prefetch: int = 1  # FSDP layers gathered ahead of the one computing (forward and backward)
+    overlap_grad_reduce: bool = True  # DP gradient buckets reduce under the last backward
     ep_dispatch: Literal["flat", "hierarchical"] = "flat"  # hierarchical: one copy per node (DeepEP/HybridEP)
 
     def stage_layers(self, layers: int) -> int:
@@ -217,6 +219,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
             raise ShardscopeError(f"--etp {plan.etp} does not divide the expert FFN size {model.moe.expert_ffn}")
     if model.moe is not None and plan.tp > 1 and not plan.sequence_parallel:
         raise ShardscopeError("MoE with --tp > 1 needs sequence parallel (as in Megatron-Core)")
+    if plan.fsdp_prefetch < 0:
+        raise ShardscopeError(f"--fsdp-prefetch must be >= 0, got {plan.fsdp_prefetch}")
     if plan.ep_dispatch not in ("flat", "hierarchical"):
         raise ShardscopeError(f"--ep-dispatch must be flat or hierarchical, got {plan.ep_dispatch!r}")
     if plan.moe_imbalance < 1 or plan.moe_skew < 0 or plan.capacity_factor < 0:
