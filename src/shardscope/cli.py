@@ -66,6 +66,8 @@ def estimate(
     ep_comm_overlap: Annotated[bool, typer.Option(help="overlap EP all-to-alls with another micro-batch")] = False,
     ep_dispatch: Annotated[str, typer.Option(help="flat | hierarchical (one copy per node: DeepEP)")] = "flat",
     fsdp_prefetch: Annotated[int, typer.Option(help="FSDP layers gathered ahead (0 = no overlap)")] = 1,
+    offload_optimizer: Annotated[bool, typer.Option(help="optimizer states in host memory, Adam on the CPU")] = False,
+    offload_activations: Annotated[float, typer.Option(help="fraction of saved activations offloaded")] = 0.0,
     overlap_grad_reduce: Annotated[bool, typer.Option(help="DP gradient reduction under the backward")] = True,
     simulate: Annotated[bool, typer.Option(help="use the discrete-event simulator for the numbers")] = False,
     schedule: Annotated[
@@ -126,6 +128,8 @@ def estimate(
             ep_comm_overlap=ep_comm_overlap,
             ep_dispatch=ep_dispatch,
             fsdp_prefetch=fsdp_prefetch,
+            offload_optimizer=offload_optimizer,
+            offload_activations=offload_activations,
             overlap_grad_reduce=overlap_grad_reduce,
         )
     except ShardscopeError as exc:

@@ -29,6 +29,7 @@ class MemoryBreakdown:
     capacity_gib: float
     stage: int  # pipeline stage of the most-loaded rank
     inflight_microbatches: int
+    host_gib: float = 0.0  # host memory per node used by CPU offload
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from shardscope.costs.memory import (
     rank_params_local,
     rank_state_bytes,
 )
+from shardscope.costs.offload import cpu_optimizer_time_s, host_bytes_per_gpu, link_time_s
 from shardscope.graph.build import BF16, FP32, OpGroup, StageGraph, build_stage_graph
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import LayerKind, ModelSpec
@@ -192,6 +193,7 @@ class StepCosts:
     p2p_s: float  # one send/recv of a stage boundary activation
     slowdown: float  # compute slowdown while a collective overlaps it
     gather_bytes: int  # bytes per weight all-gathered (bf16, or FP8 with fp8_all_gather)
+    cluster: Cluster
 
 
 def step_costs(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepCosts:
@@ -211,6 +213,7 @@ def step_costs(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepCosts:
         p2p_s=collective_time_s(cluster, "send_recv", graph.boundary_bytes, groups.pp) if plan.pp > 1 else 0.0,
         slowdown=overlap_slowdown(gpu),
         gather_bytes=gather_bytes,
+        cluster=cluster,
     )
 
 
@@ -248,8 +251,21 @@ def stage_cost(sc: StepCosts, model: ModelSpec, plan: Plan, rank: int) -> Stage:
         st.compute += sc.head_fwd.compute_s + sc.head_bwd.compute_s
         st.exposed += sc.head_fwd.exposed_s + sc.head_bwd.exposed_s
     st.exposed += 2 * plan.vpp * sc.p2p_s  # activations / gradients to and from the neighbouring stages
+    if plan.offload_activations:  # copies to the host under forward and back under backward
+        moved = plan.offload_activations * _saved_per_microbatch(sc, model, plan, layers)
+        copy = link_time_s(cluster_of(sc), moved)
+        st.exposed += max(0.0, copy - st.fwd) + max(0.0, copy - st.bwd)
     st.compute += st.hidden * sc.slowdown
     return st
+
+
+def _saved_per_microbatch(sc: StepCosts, model: ModelSpec, plan: Plan, layers: tuple[int, ...]) -> float:
+    policy = "full" if plan.recompute == "full" else plan.recompute
+    return sum(n * sc.graph.layers[k].saved_bytes(policy) for k, n in model.kind_counts(layers).items())
+
+
+def cluster_of(sc: StepCosts) -> Cluster:
+    return sc.cluster
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +302,10 @@ def dp_comm(sc: StepCosts, model: ModelSpec, cluster: Cluster, plan: Plan, rank:
             gather += collective_time_s(cluster, "all_gather", sc.gather_bytes * expert, groups.edp)
             gather_exp = max(0.0, gather - st.fwd) + gather / n_layers
             total += gather
+    if plan.offload_optimizer:  # gradient shard down to the host, under the last backward
+        down = link_time_s(cluster, 2 * (dense / plan.shard_size + expert / plan.expert_shard_size))
+        grad_exp += max(0.0, down - st.bwd)
+        total += down
     if (plan.fsdp or plan.zero == 3) and plan.shard_size < plan.dp * plan.cp:
         rep = collective_time_s(cluster, "all_reduce", GRAD_REDUCE_BYTES * dense / plan.shard_size, groups.replicate)
         grad_exp += rep
@@ -293,10 +313,19 @@ def dp_comm(sc: StepCosts, model: ModelSpec, cluster: Cluster, plan: Plan, rank:
     return DPComm(grad_exp, gather_exp, total)
 
 
-def optimizer_time_s(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int) -> float:
+def optimizer_params_local(model: ModelSpec, plan: Plan, rank: int) -> float:
+    """Parameters whose optimizer update this GPU runs (its shard when the optimizer is sharded)."""
     dense, expert = rank_params_local(model, plan, rank)
     sharded = plan.zero >= 1 or plan.fsdp
-    local = dense / plan.shard_size + expert / plan.expert_shard_size if sharded else dense + expert
+    return dense / plan.shard_size + expert / plan.expert_shard_size if sharded else dense + expert
+
+
+def optimizer_time_s(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int) -> float:
+    """Adam on the GPU (memory-bound), or with optimizer offload: the CPU step plus the bf16 weights
+    coming back over the host link (the gradients go down under the backward)."""
+    local = optimizer_params_local(model, plan, rank)
+    if plan.offload_optimizer:
+        return cpu_optimizer_time_s(cluster, local) + link_time_s(cluster, 2 * local)
     return memory_time_s(cluster.gpu, OPTIMIZER_BYTES_PER_PARAM * local)
 
 
@@ -343,7 +372,15 @@ def rank_memory(model: ModelSpec, plan: Plan, graph: StageGraph, arch: str, rank
     return RankMemory(rank, rank_state_bytes(model, plan, rank), act, buf, inflight)
 
 
-def memory_breakdown(m: RankMemory, capacity_gib: float) -> MemoryBreakdown:
+def host_gib_per_node(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int, activations: float) -> float:
+    """Host memory the node's GPUs use for offloaded optimizer state and activations."""
+    per_gpu = host_bytes_per_gpu(optimizer_params_local(model, plan, rank)) if plan.offload_optimizer else 0.0
+    if plan.offload_activations:
+        per_gpu += activations * plan.offload_activations / (1 - plan.offload_activations or 1.0)
+    return per_gpu * cluster.gpus_per_node / GIB
+
+
+def memory_breakdown(m: RankMemory, capacity_gib: float, host_gib: float = 0.0) -> MemoryBreakdown:
     st = m.state
     return MemoryBreakdown(
         peak_gib=m.allocated / GIB,
@@ -357,6 +394,7 @@ def memory_breakdown(m: RankMemory, capacity_gib: float) -> MemoryBreakdown:
         capacity_gib=capacity_gib,
         stage=m.rank,
         inflight_microbatches=m.inflight,
+        host_gib=host_gib,
     )
 
 
@@ -411,7 +449,7 @@ def make_estimate(
         hardware_tflops_per_gpu=hardware_flops / step_s / plan.gpus / 1e12,
         mfu=model_flops / step_s / plan.gpus / peak,
         hfu=hardware_flops / step_s / plan.gpus / peak,
-        fits=memory.required_gib <= gpu.hbm_gib,
+        fits=memory.required_gib <= gpu.hbm_gib and memory.host_gib <= gpu.host_memory_gib,
         memory=memory,
         time=time,
         warnings=plan_warnings(plan, sc.graph) + extra_warnings,
@@ -450,4 +488,5 @@ def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
             "moe_hot_rank_factor": sc.graph.routing.hot_rank_factor,
         },
     )
-    return make_estimate(model, cluster, plan, sc, step, time, memory_breakdown(worst, cluster.gpu.hbm_gib))
+    host = host_gib_per_node(model, cluster, plan, worst.rank, worst.activations)
+    return make_estimate(model, cluster, plan, sc, step, time, memory_breakdown(worst, cluster.gpu.hbm_gib, host))

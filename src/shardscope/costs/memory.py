@@ -105,6 +105,13 @@ class StateBytes:
 def model_state_bytes(n_params: float, plan: Plan, shard: int | None = None) -> StateBytes:
     """Weights, gradients and optimizer state of `n_params` parameters sharded over `shard` ranks."""
     shard = plan.shard_size if shard is None else shard
+    if plan.offload_optimizer:  # bf16 weights and a bf16 gradient buffer stay; the rest lives on the host
+        sharded = plan.fsdp or plan.zero >= 2
+        return StateBytes(
+            2 * n_params / (shard if (plan.fsdp or plan.zero >= 3) else 1),
+            2 * n_params / (shard if sharded else 1),
+            0.0,
+        )
     if plan.fsdp:
         return StateBytes(4 * n_params / shard, 4 * n_params / shard, 8 * n_params / shard)
     z = plan.zero
@@ -152,7 +159,7 @@ def activation_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int
             kept = g.saved_bytes(plan.recompute)
             worst_ws = max(worst_ws, g.saved_bytes("none") - kept if plan.recompute != "none" else 0.0)
     chunk_layers = len(layers) / plan.vpp
-    saved = chunks * chunk_layers * per_layer_mean
+    saved = chunks * chunk_layers * per_layer_mean * (1 - plan.offload_activations)
     if stage == 0:
         saved += graph.embedding.saved_bytes(plan.recompute) * chunks
     if stage == plan.pp - 1:

@@ -63,6 +63,8 @@ class Plan:
     ep_comm_overlap: bool = False  # hide EP all-to-alls under another micro-batch's compute
     fsdp_prefetch: int = 1  # FSDP layers gathered ahead of the one computing (forward and backward)
     overlap_grad_reduce: bool = True  # DP gradient buckets reduce under the last backward
+    offload_optimizer: bool = False  # optimizer states + master weights in host memory, Adam on the CPU
+    offload_activations: float = 0.0  # fraction of saved activations kept in host memory
     ep_dispatch: Literal["flat", "hierarchical"] = "flat"  # hierarchical: one copy per node (DeepEP/HybridEP)
 
     def stage_layers(self, layers: int) -> int:
@@ -219,6 +221,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
             raise ShardscopeError(f"--etp {plan.etp} does not divide the expert FFN size {model.moe.expert_ffn}")
     if model.moe is not None and plan.tp > 1 and not plan.sequence_parallel:
         raise ShardscopeError("MoE with --tp > 1 needs sequence parallel (as in Megatron-Core)")
+    if not 0 <= plan.offload_activations <= 1:
+        raise ShardscopeError(f"--offload-activations must be a fraction in [0, 1], got {plan.offload_activations}")
     if plan.fsdp_prefetch < 0:
         raise ShardscopeError(f"--fsdp-prefetch must be >= 0, got {plan.fsdp_prefetch}")
     if plan.ep_dispatch not in ("flat", "hierarchical"):

@@ -25,6 +25,7 @@ from shardscope.analytic.step import (
     Stage,
     StepCosts,
     dp_comm,
+    host_gib_per_node,
     layers_cost,
     make_estimate,
     memory_breakdown,
@@ -255,7 +256,8 @@ def simulate_step(
         buffers=base.buffers - workspace + ws_at_peak,
         inflight=inflight_at_peak,
     )
-    memory = memory_breakdown(mem, cluster.gpu.hbm_gib)
+    host = host_gib_per_node(model, cluster, plan, worst, live_at_peak)
+    memory = memory_breakdown(mem, cluster.gpu.hbm_gib, host)
 
     # time breakdown on the critical rank: busy compute, exposed comm, idle (bubble), optimizer
     crit = max(range(plan.pp), key=lambda r: ends[r] + grad_tail[r])

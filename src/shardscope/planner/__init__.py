@@ -1,0 +1,1 @@
+"""Plan search, memory-budget planners, time/cost to train, and launchable exports."""

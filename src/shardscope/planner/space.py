@@ -1,0 +1,113 @@
+"""The search space: every plan that could run a model on a cluster, as plan keyword sets.
+
+Axes: tp (divisors of the heads, within the scale-up domain), cp (sequence splits leaving at least
+1,024 tokens per rank), pp (powers of two up to the layer count), vpp (interleaving when pp > 1),
+dp (derived), ep (MoE: divisors of the experts carved out of dp·cp·tp), sharding (DDP, distributed
+optimizer, ZeRO-3, FSDP, FSDP without reshard, HSDP within a node), micro-batch, optimizer offload,
+and — resolved per structure by the search — recompute (none, selective, full with 1/4..all layers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from shardscope.hardware.catalog import Cluster
+from shardscope.models.spec import ModelSpec
+
+SHARDINGS: dict[str, dict] = {
+    "ddp": {"zero": 0},
+    "zero1": {"zero": 1},
+    "zero3": {"zero": 3},
+    "fsdp": {"fsdp": True},
+    "fsdp-noreshard": {"fsdp": True, "reshard_after_forward": False},
+    "hsdp": {"fsdp": True},  # shard_group set per plan: one node's data-parallel ranks
+}
+# Recompute levels tried from cheapest to most memory-saving; the search keeps the first that fits.
+RECOMPUTE_LEVELS: tuple[tuple[str, float], ...] = (
+    ("none", 0.0),
+    ("selective", 0.0),
+    ("full", 0.25),
+    ("full", 0.5),
+    ("full", 0.75),
+    ("full", 1.0),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSpace:
+    micro_batches: tuple[int, ...] = (1, 2, 4, 8)
+    vpps: tuple[int, ...] = (1, 2, 4, 8)
+    shardings: tuple[str, ...] = tuple(SHARDINGS)
+    offload: tuple[bool, ...] = (False, True)
+    max_tp: int = 8
+    max_cp: int = 32
+    min_tokens_per_cp_rank: int = 1024
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, v = [], 1
+    while v <= n:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def structures(
+    model: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int, space: SearchSpace = SearchSpace()
+) -> Iterator[dict]:
+    """Plan keyword sets without recompute (the search picks it)."""
+    gpus = cluster.gpus
+    tps = [
+        t
+        for t in _pow2_upto(min(space.max_tp, cluster.scaleup_domain))
+        if model.heads % t == 0 and model.kv_heads % t == 0 and model.ffn_hidden % t == 0
+    ]
+    cps = [c for c in _pow2_upto(space.max_cp) if seq_len % c == 0 and seq_len // c >= space.min_tokens_per_cp_rank]
+    pps = [p for p in _pow2_upto(model.layers) if p <= model.layers]
+    for tp in tps:
+        for cp in cps:
+            for pp in pps:
+                if gpus % (tp * cp * pp):
+                    continue
+                dp = gpus // (tp * cp * pp)
+                eps = [1]
+                if model.moe:
+                    eps = [
+                        e
+                        for e in _pow2_upto(model.moe.experts)
+                        if model.moe.experts % e == 0 and (tp * cp * dp) % e == 0
+                    ]
+                for mb in space.micro_batches:
+                    if global_batch % (mb * dp):
+                        continue
+                    accum = global_batch // (mb * dp)
+                    for vpp in space.vpps:
+                        if vpp > 1 and (pp == 1 or model.layers < pp * vpp or accum % pp):
+                            continue
+                        for ep in eps:
+                            for sharding in space.shardings:
+                                kw = dict(SHARDINGS[sharding])
+                                if sharding == "hsdp":
+                                    group = max(cluster.gpus_per_node // (tp * cp), 1)
+                                    if group >= dp * cp or (dp * cp) % group:
+                                        continue
+                                    kw["shard_group"] = group
+                                if sharding != "ddp" and dp * cp == 1:
+                                    continue
+                                for offload in space.offload:
+                                    if offload and sharding in ("ddp",):
+                                        continue
+                                    yield dict(
+                                        tp=tp,
+                                        cp=cp,
+                                        pp=pp,
+                                        vpp=vpp,
+                                        dp=dp,
+                                        ep=ep,
+                                        micro_batch=mb,
+                                        global_batch=global_batch,
+                                        seq_len=seq_len,
+                                        offload_optimizer=offload,
+                                        **kw,
+                                    )
