@@ -114,7 +114,11 @@ def test_simulator_agrees_with_analytic(pp, vpp, accum, recompute, model):
         analytic = shardscope.estimate(model, **kw)
     except ShardscopeError:
         return
-    simulated = shardscope.estimate(model, simulate=True, **kw)
+    try:
+        simulated = shardscope.estimate(model, simulate=True, **kw)
+    except ShardscopeError as exc:  # interleaving needs micro-batches in multiples of pp (as Megatron)
+        assert "multiple of pp" in str(exc)
+        return
     assert simulated.step_time_s == pytest.approx(analytic.step_time_s, rel=0.15)
     parts = simulated.time
     assert parts.compute_s + parts.exposed_comm_s + parts.bubble_s + parts.optimizer_s == pytest.approx(

@@ -58,6 +58,10 @@ def estimate(
 
     if schedule is not None and schedule not in SCHEDULES:
         raise ShardscopeError(f"unknown schedule {schedule!r} (valid: {', '.join(SCHEDULES)})")
+    if p.vpp > 1 and p.grad_accum % p.pp:
+        raise ShardscopeError(
+            f"the interleaved schedule needs micro-batches per step ({p.grad_accum}) to be a multiple of pp ({p.pp})"
+        )
     if schedule == "interleaved" and p.vpp == 1:
         raise ShardscopeError("the interleaved schedule needs --vpp > 1")
     if schedule in ("gpipe", "1f1b", "zb-h1", "dualpipe") and p.vpp > 1:
