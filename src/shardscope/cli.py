@@ -144,6 +144,53 @@ def estimate(
 
 
 @app.command()
+def plan(
+    model: Annotated[str, typer.Argument(help="catalog name or path to a config.json")],
+    gpu: Annotated[str, typer.Option(help="GPU kind")] = "H100",
+    gpus: Annotated[int, typer.Option(help="total GPUs")] = 8,
+    gpus_per_node: Annotated[int | None, typer.Option(help="GPUs per node")] = None,
+    seq_len: Annotated[int, typer.Option(help="sequence length in tokens")] = 4096,
+    global_batch: Annotated[int, typer.Option(help="sequences per optimizer step")] = 256,
+    video: Annotated[str | None, typer.Option(help="video DiT clip FRAMESxHEIGHTxWIDTH")] = None,
+    precision: Annotated[str, typer.Option(help="bf16 | fp8")] = "bf16",
+    objective: Annotated[str, typer.Option(help="throughput | memory | cost")] = "throughput",
+    top: Annotated[int, typer.Option(help="plans to show")] = 10,
+    tokens: Annotated[str | None, typer.Option(help="token budget to train, e.g. 15T")] = None,
+    price_per_gpu_hour: Annotated[float | None, typer.Option(help="price of one GPU-hour")] = None,
+    export: Annotated[str | None, typer.Option(help="write the best plan as torchtitan | megatron | deepspeed")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="file for --export (default: stdout)")] = None,
+    workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
+    executor: Annotated[str, typer.Option(help="local | ray")] = "local",
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Search every valid plan, prune by memory, rank by throughput (or memory / cost)."""
+    from shardscope.planner.runner import run_plan_command
+
+    try:
+        run_plan_command(
+            model=model,
+            gpu=gpu,
+            gpus=gpus,
+            gpus_per_node=gpus_per_node,
+            seq_len=seq_len,
+            global_batch=global_batch,
+            video=video,
+            precision=precision,
+            objective=objective,
+            top=top,
+            tokens=tokens,
+            price_per_gpu_hour=price_per_gpu_hour,
+            export=export,
+            output=output,
+            workers=workers,
+            executor=executor,
+            as_json=as_json,
+        )
+    except ShardscopeError as exc:
+        _fail(str(exc))
+
+
+@app.command()
 def models() -> None:
     """List the catalog models."""
     from shardscope.report.console import print_models

@@ -32,7 +32,8 @@ def op_time_s(gpu: GPU, op: Op, backward: bool, plan: Plan) -> float:
         return gemm_time_s(gpu, m, k, n, precision) + gemm_time_s(gpu, k, n, m, precision)
     if op.kind == "attention":
         flops = op.bwd_flops if backward else op.flops
-        frac = attention_fraction(gpu, plan.attention_kernel, plan.seq_len, backward)
+        # the kernel tiles this rank's queries: a CP rank holds seq_len / cp of them
+        frac = attention_fraction(gpu, plan.attention_kernel, plan.seq_len // plan.cp, backward)
         # Flash attention's compute runs at the BF16 rate even under FP8 GEMM recipes.
         io = memory_time_s(gpu, op.bwd_bytes if backward else op.bytes)
         return max(flops / (gpu.bf16_tflops * 1e12 * frac), io) + KERNEL_GAP_S

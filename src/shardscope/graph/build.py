@@ -106,7 +106,43 @@ def head_group(model: ModelSpec, plan: Plan) -> OpGroup:
     return OpGroup(tuple(ops), tuple(saved), tuple(comms))
 
 
+# The plan fields the op graph reads: plans that differ only elsewhere (pipeline, data parallel,
+# sharding, recompute, batch accumulation) share one graph, which the planner exploits.
+GRAPH_FIELDS = (
+    "tp",
+    "cp",
+    "sequence_parallel",
+    "cp_kind",
+    "micro_batch",
+    "seq_len",
+    "precision",
+    "fp8_recipe",
+    "attention_kernel",
+    "causal_block_skip",
+    "causal",
+    "ep",
+    "etp",
+    "moe_imbalance",
+    "moe_skew",
+    "capacity_factor",
+    "tp_comm_overlap",
+    "ep_comm_overlap",
+    "ep_dispatch",
+)
+_GRAPH_CACHE: dict[tuple, StageGraph] = {}
+
+
 def build_stage_graph(model: ModelSpec, plan: Plan, arch: str = "hopper") -> StageGraph:
+    key = (model, arch, tuple(getattr(plan, f) for f in GRAPH_FIELDS))
+    graph = _GRAPH_CACHE.get(key)
+    if graph is None:
+        if len(_GRAPH_CACHE) > 4096:
+            _GRAPH_CACHE.clear()
+        graph = _GRAPH_CACHE[key] = _build_stage_graph(model, plan, arch)
+    return graph
+
+
+def _build_stage_graph(model: ModelSpec, plan: Plan, arch: str) -> StageGraph:
     sh = Shapes.of(plan)
     routing = routing_load(model, plan)
     kinds = model.layer_kinds()

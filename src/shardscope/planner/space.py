@@ -3,8 +3,8 @@
 Axes: tp (divisors of the heads, within the scale-up domain), cp (sequence splits leaving at least
 1,024 tokens per rank), pp (powers of two up to the layer count), vpp (interleaving when pp > 1),
 dp (derived), ep (MoE: divisors of the experts carved out of dp·cp·tp), sharding (DDP, distributed
-optimizer, ZeRO-3, FSDP, FSDP without reshard, HSDP within a node), micro-batch, optimizer offload,
-and — resolved per structure by the search — recompute (none, selective, full with 1/4..all layers).
+optimizer, ZeRO-3, FSDP, FSDP without reshard, HSDP within a node) and micro-batch. Resolved per
+structure by the search: recompute (none, selective, full with 1/4..all layers) and optimizer offload.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class SearchSpace:
     micro_batches: tuple[int, ...] = (1, 2, 4, 8)
     vpps: tuple[int, ...] = (1, 2, 4, 8)
     shardings: tuple[str, ...] = tuple(SHARDINGS)
-    offload: tuple[bool, ...] = (False, True)
+    offload: bool = True  # also try optimizer offload at each recompute level
     max_tp: int = 8
     max_cp: int = 32
     min_tokens_per_cp_rank: int = 1024
@@ -54,9 +54,10 @@ def _pow2_upto(n: int) -> list[int]:
 
 
 def structures(
-    model: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int, space: SearchSpace = SearchSpace()
+    model: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int, space: SearchSpace | None = None
 ) -> Iterator[dict]:
     """Plan keyword sets without recompute (the search picks it)."""
+    space = space or SearchSpace()
     gpus = cluster.gpus
     tps = [
         t
@@ -95,19 +96,15 @@ def structures(
                                     kw["shard_group"] = group
                                 if sharding != "ddp" and dp * cp == 1:
                                     continue
-                                for offload in space.offload:
-                                    if offload and sharding in ("ddp",):
-                                        continue
-                                    yield dict(
-                                        tp=tp,
-                                        cp=cp,
-                                        pp=pp,
-                                        vpp=vpp,
-                                        dp=dp,
-                                        ep=ep,
-                                        micro_batch=mb,
-                                        global_batch=global_batch,
-                                        seq_len=seq_len,
-                                        offload_optimizer=offload,
-                                        **kw,
-                                    )
+                                yield dict(
+                                    tp=tp,
+                                    cp=cp,
+                                    pp=pp,
+                                    vpp=vpp,
+                                    dp=dp,
+                                    ep=ep,
+                                    micro_batch=mb,
+                                    global_batch=global_batch,
+                                    seq_len=seq_len,
+                                    **kw,
+                                )

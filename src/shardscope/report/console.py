@@ -105,3 +105,61 @@ def print_gpus(console: Console | None = None) -> None:
             f"{g.matmul_sustained_fraction:.0%}",
         )
     console.print(table)
+
+
+def print_plans(
+    model: str, cluster, result, best, tokens: float | None, price: float | None, console: Console | None = None
+) -> None:
+    from shardscope.planner.cost import training_cost
+
+    console = console or Console()
+    console.print(
+        f"[bold]{model}[/] on {cluster.gpus}× {cluster.gpu.name}: {result.structures:,} parallel layouts "
+        f"searched, {result.evaluated:,} fit; best by {result.objective}:"
+    )
+    table = Table()
+    for col in (
+        "#",
+        "TP",
+        "PP",
+        "VPP",
+        "CP",
+        "DP",
+        "EP",
+        "sharding",
+        "recompute",
+        "mb",
+        "offload",
+        "tok/s/GPU",
+        "MFU",
+        "step",
+        "memory GiB",
+    ):
+        table.add_column(col, justify="left" if col in ("sharding", "recompute") else "right")
+    for i, c in enumerate(best, 1):
+        p, e = c.plan, c.estimate
+        rec = p.recompute + (f" ({p.recompute_layers}/stage)" if p.recompute == "full" and p.recompute_layers else "")
+        table.add_row(
+            str(i),
+            str(p.tp),
+            str(p.pp),
+            str(p.vpp),
+            str(p.cp),
+            str(p.dp),
+            str(p.ep),
+            p.sharding_name,
+            rec,
+            str(p.micro_batch),
+            "opt" if p.offload_optimizer else "-",
+            f"{e.tokens_per_s_per_gpu:,.0f}",
+            f"{e.mfu:.1%}",
+            _fmt_s(e.step_time_s),
+            f"{e.memory.required_gib:,.1f}",
+        )
+    console.print(table)
+    if tokens:
+        tc = training_cost(best[0].estimate, tokens, price)
+        money = f", cost {tc.cost:,.0f}" if tc.cost is not None else ""
+        console.print(
+            f"Training {tokens:,.3g} tokens with plan #1: {tc.days:,.1f} days, {tc.gpu_hours:,.0f} GPU-hours{money}"
+        )

@@ -1,0 +1,202 @@
+"""Write a plan as a launchable config: torchtitan job TOML, Megatron-LM arguments, DeepSpeed JSON.
+
+Field names are the frameworks' own (torchtitan `JobConfig` sections, Megatron-LM `arguments.py`, the
+DeepSpeed config schema). Where a framework cannot express part of a plan (torchtitan has no ZeRO-1,
+DeepSpeed no context parallelism) the export says so in a comment / `_shardscope_notes`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from shardscope.models.spec import ModelSpec
+from shardscope.plan.plan import Plan
+
+FORMATS = ("torchtitan", "megatron", "deepspeed")
+
+
+def _pp_schedule_titan(plan: Plan) -> str:
+    return "Interleaved1F1B" if plan.vpp > 1 else ("1F1B" if plan.pp > 1 else "1F1B")
+
+
+def to_torchtitan(model: ModelSpec, plan: Plan) -> str:
+    # torchtitan: world = dp_replicate · dp_shard · cp · tp · pp, FSDP sharding over dp_shard · cp
+    if plan.fsdp or plan.zero >= 1:
+        shard = max(plan.shard_size // plan.cp, 1)
+        replicate = plan.dp // shard
+    else:
+        shard, replicate = 1, plan.dp
+    notes = []
+    if plan.zero in (1, 2) and not plan.fsdp:
+        notes.append(f"ZeRO-{plan.zero} has no torchtitan equivalent: FSDP2 full sharding over the same ranks")
+    reshard = "never" if (plan.fsdp and not plan.reshard_after_forward) else "default"
+    lines = [
+        "# torchtitan job config written by shardscope",
+        *[f"# note: {n}" for n in notes],
+        "[job]",
+        'dump_folder = "./outputs"',
+        f'description = "{model.name}: shardscope plan"',
+        "",
+        "[model]",
+        f'name = "{model.name}"',
+        "",
+        "[training]",
+        f"local_batch_size = {plan.micro_batch * plan.grad_accum}",
+        f"global_batch_size = {plan.global_batch}",
+        f"seq_len = {plan.seq_len}",
+        'mixed_precision_param = "bfloat16"',
+        'mixed_precision_reduce = "float32"',
+        "",
+        "[parallelism]",
+        f"data_parallel_replicate_degree = {replicate}",
+        f"data_parallel_shard_degree = {shard}",
+        f'fsdp_reshard_after_forward = "{reshard}"',
+        f"tensor_parallel_degree = {plan.tp}",
+        f"enable_async_tensor_parallel = {'true' if plan.tp_comm_overlap else 'false'}",
+        f"pipeline_parallel_degree = {plan.pp}",
+        f'pipeline_parallel_schedule = "{_pp_schedule_titan(plan)}"',
+        f"pipeline_parallel_microbatch_size = {plan.micro_batch}",
+        f"context_parallel_degree = {plan.cp}",
+        f"expert_parallel_degree = {plan.ep}",
+        f"expert_tensor_parallel_degree = {plan.etp}",
+        "",
+        "[activation_checkpoint]",
+        f'mode = "{plan.recompute}"',
+        'selective_ac_option = "op"',
+    ]
+    if plan.precision == "fp8":
+        lines += [
+            "",
+            "[quantize.linear.float8]",
+            f'recipe_name = "{"rowwise" if plan.fp8_recipe != "tensorwise" else "tensorwise"}"',
+            f"enable_fsdp_float8_all_gather = {'true' if plan.fp8_all_gather else 'false'}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def to_megatron(model: ModelSpec, plan: Plan) -> list[str]:
+    """Megatron-LM (pretrain_gpt.py) command-line arguments."""
+    args = [
+        "--num-layers",
+        str(model.layers),
+        "--hidden-size",
+        str(model.hidden),
+        "--num-attention-heads",
+        str(model.heads),
+        "--seq-length",
+        str(plan.seq_len),
+        "--micro-batch-size",
+        str(plan.micro_batch),
+        "--global-batch-size",
+        str(plan.global_batch),
+        "--tensor-model-parallel-size",
+        str(plan.tp),
+        "--pipeline-model-parallel-size",
+        str(plan.pp),
+        "--context-parallel-size",
+        str(plan.cp),
+    ]
+    if model.kv_heads != model.heads:
+        args += ["--group-query-attention", "--num-query-groups", str(model.kv_heads)]
+    if plan.vpp > 1:
+        args += ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)]
+    if plan.cp > 1:
+        args += ["--cp-comm-type", "p2p" if plan.cp_kind == "ring" else "a2a"]
+    if plan.ep > 1 or plan.etp > 1:
+        args += ["--expert-model-parallel-size", str(plan.ep), "--expert-tensor-parallel-size", str(plan.etp)]
+    if plan.sp:
+        args.append("--sequence-parallel")
+    if plan.fsdp or plan.zero == 3:
+        args += [
+            "--use-megatron-fsdp",
+            "--data-parallel-sharding-strategy",
+            "optim_grads_params" if plan.reshard_after_forward else "optim_grads",
+        ]
+    elif plan.zero >= 1:
+        args.append("--use-distributed-optimizer")
+    args += ["--overlap-grad-reduce"] if plan.overlap_grad_reduce else []
+    if plan.zero >= 1 and not plan.fsdp:
+        args.append("--overlap-param-gather")
+    if plan.recompute == "full":
+        args += [
+            "--recompute-granularity",
+            "full",
+            "--recompute-method",
+            "block" if plan.recompute_layers else "uniform",
+            "--recompute-num-layers",
+            str(plan.recompute_layers or 1),
+        ]
+    elif plan.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    args.append("--bf16")
+    if plan.precision == "fp8":
+        args += ["--fp8-format", "hybrid", "--fp8-recipe", plan.fp8_recipe]
+    if plan.tp_comm_overlap:
+        args.append("--tp-comm-overlap")
+    if plan.offload_optimizer:
+        args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0"]
+    if plan.ep_comm_overlap:
+        args.append("--overlap-moe-expert-parallel-comm")
+    return args
+
+
+def to_deepspeed(model: ModelSpec, plan: Plan) -> str:
+    stage = 3 if (plan.fsdp and plan.reshard_after_forward) or plan.zero == 3 else (2 if plan.fsdp else plan.zero)
+    zero: dict = {"stage": stage, "overlap_comm": plan.overlap_grad_reduce, "contiguous_gradients": True}
+    if plan.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if stage == 3 and plan.shard_group:
+        zero["zero_hpz_partition_size"] = plan.shard_group
+    notes = []
+    if plan.cp > 1:
+        notes.append(
+            f"context parallel {plan.cp} ({plan.cp_kind}): DeepSpeed-Ulysses sequence parallelism "
+            "is set up in code (sequence_parallel_size)"
+        )
+    if plan.pp > 1:
+        notes.append(f"pipeline parallel {plan.pp}: DeepSpeed PipelineModule(num_stages={plan.pp}) in code")
+    cfg = {
+        "train_batch_size": plan.global_batch,
+        "train_micro_batch_size_per_gpu": plan.micro_batch,
+        "gradient_accumulation_steps": plan.grad_accum,
+        "gradient_clipping": 1.0,
+        "bf16": {"enabled": True},
+        "zero_optimization": zero,
+        "tensor_parallel": {"autotp_size": plan.tp},
+        "activation_checkpointing": {
+            "partition_activations": plan.recompute != "none" and plan.tp > 1,
+            "contiguous_memory_optimization": False,
+            "number_checkpoints": plan.recompute_layers or None,
+        },
+        "_shardscope": {
+            "model": model.name,
+            "tp": plan.tp,
+            "pp": plan.pp,
+            "cp": plan.cp,
+            "dp": plan.dp,
+            "ep": plan.ep,
+            "recompute": plan.recompute,
+            "notes": notes,
+        },
+    }
+    return json.dumps(cfg, indent=2) + "\n"
+
+
+def export(fmt: str, model: ModelSpec, plan: Plan) -> str:
+    if fmt == "torchtitan":
+        return to_torchtitan(model, plan)
+    if fmt == "megatron":
+        return " \\\n  ".join(["torchrun pretrain_gpt.py", *_pairs(to_megatron(model, plan))]) + "\n"
+    if fmt == "deepspeed":
+        return to_deepspeed(model, plan)
+    raise ValueError(fmt)
+
+
+def _pairs(args: list[str]) -> list[str]:
+    out: list[str] = []
+    for a in args:
+        if a.startswith("--") or not out:
+            out.append(a)
+        else:
+            out[-1] += f" {a}"
+    return out

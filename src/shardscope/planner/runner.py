@@ -1,0 +1,142 @@
+"""The `shardscope plan` command: search, show, cost and export."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, fields
+from pathlib import Path
+
+from shardscope.errors import ShardscopeError
+from shardscope.hardware.catalog import make_cluster
+from shardscope.models.catalog import load_model
+from shardscope.planner.cost import parse_tokens, training_cost
+from shardscope.planner.export import FORMATS
+from shardscope.planner.export import export as export_plan
+from shardscope.planner.search import Candidate, SearchResult, search
+from shardscope.planner.space import SearchSpace
+from shardscope.result import Estimate
+
+
+def plan_dict(c: Candidate) -> dict:
+    p = c.plan
+    return {f.name: getattr(p, f.name) for f in fields(p)} | {"grad_accum": p.grad_accum, "sharding": p.sharding_name}
+
+
+def candidate_json(c: Candidate, tokens: float | None = None, price: float | None = None) -> dict:
+    e: Estimate = c.estimate
+    out = {
+        "plan": plan_dict(c),
+        "fits": e.fits,
+        "step_time_s": e.step_time_s,
+        "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
+        "model_tflops_per_gpu": e.model_tflops_per_gpu,
+        "mfu": e.mfu,
+        "memory": asdict(e.memory),
+        "time": {k: v for k, v in asdict(e.time).items() if k != "detail"},
+    }
+    if tokens:
+        out["training"] = asdict(training_cost(e, tokens, price))
+    return out
+
+
+def run_plan_command(
+    *,
+    model: str,
+    gpu: str,
+    gpus: int,
+    gpus_per_node: int | None,
+    seq_len: int,
+    global_batch: int,
+    video: str | None,
+    precision: str,
+    objective: str,
+    top: int,
+    tokens: str | None,
+    price_per_gpu_hour: float | None,
+    export: str | None,
+    output: Path | None,
+    workers: int,
+    executor: str,
+    as_json: bool,
+) -> SearchResult:
+    from shardscope import video_seq_len
+
+    spec = load_model(model)
+    cluster = make_cluster(gpu, gpus, gpus_per_node)
+    if video:
+        seq_len = video_seq_len(spec, video)
+    if precision not in ("bf16", "fp8"):
+        raise ShardscopeError(f"--precision must be bf16 or fp8, got {precision!r}")
+    if export is not None and export not in FORMATS:
+        raise ShardscopeError(f"--export must be one of {', '.join(FORMATS)}, got {export!r}")
+    if top <= 0 or workers <= 0 or global_batch <= 0 or seq_len <= 0:
+        raise ShardscopeError("--top, --workers, --global-batch and --seq-len must be positive")
+    n_tokens = parse_tokens(tokens) if tokens else None
+    if precision == "fp8":
+        cluster.gpu.peak_tflops("fp8")
+    space = SearchSpace()
+    if as_json:
+        result = search(spec, cluster, global_batch, seq_len, objective, space, workers, executor)
+    else:
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            task = bar.add_task(f"searching plans for {spec.name} on {gpus}× {cluster.gpu.name}", total=None)
+            result = search(
+                spec,
+                cluster,
+                global_batch,
+                seq_len,
+                objective,
+                space,
+                workers,
+                executor,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )
+    if precision == "fp8":
+        result = _with_precision(spec, cluster, result)
+    if not result.candidates:
+        raise ShardscopeError(
+            f"no plan of {spec.name} fits {gpus}× {cluster.gpu.name} ({cluster.gpu.hbm_gib:g} GiB) at global batch "
+            f"{global_batch} × {seq_len} tokens; try more GPUs or a smaller batch"
+        )
+    best = result.candidates[:top]
+    if export:
+        text = export_plan(export, spec, best[0].plan)
+        if output:
+            Path(output).write_text(text)
+        elif not as_json:
+            sys.stdout.write(text)
+    if as_json:
+        doc = {
+            "model": spec.name,
+            "gpu": cluster.gpu.name,
+            "gpus": gpus,
+            "objective": objective,
+            "structures_searched": result.structures,
+            "feasible": result.evaluated,
+            "plans": [candidate_json(c, n_tokens, price_per_gpu_hour) for c in best],
+        }
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    elif not (export and not output):
+        from shardscope.report.console import print_plans
+
+        print_plans(spec.name, cluster, result, best, n_tokens, price_per_gpu_hour)
+    return result
+
+
+def _with_precision(spec, cluster, result: SearchResult) -> SearchResult:
+    """Re-time the feasible plans with FP8 GEMMs (FP8 only adds weight copies; re-checked for fit)."""
+    from dataclasses import replace
+
+    from shardscope.analytic.step import estimate_step
+
+    out = []
+    for c in result.candidates:
+        p = replace(c.plan, precision="fp8")
+        e = estimate_step(spec, cluster, p)
+        if e.fits:
+            out.append(Candidate(p, e))
+    out.sort(key=lambda c: c.key(result.objective))
+    return SearchResult(out, result.structures, len(out), result.objective)

@@ -1,0 +1,162 @@
+"""Search every valid plan: prune by memory first, then rank by throughput, memory or cost.
+
+For each parallel structure (see `space.structures`) the recompute levels are tried from cheapest to
+most memory-saving and the first that fits is timed — more recompute only costs time, so the others
+are dominated. Memory is checked before time: the model-state bytes of the first and last stage
+(independent of recompute) prune most structures before any op graph is built, and op graphs are
+shared between structures that differ only in pipeline/data parallelism, sharding or recompute.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from shardscope.analytic.step import estimate_step, rank_memory
+from shardscope.costs.memory import GIB, rank_state_bytes
+from shardscope.errors import ShardscopeError
+from shardscope.hardware.catalog import Cluster
+from shardscope.models.spec import ModelSpec
+from shardscope.plan.plan import Plan, make_plan
+from shardscope.planner.space import RECOMPUTE_LEVELS, SearchSpace, structures
+from shardscope.result import Estimate
+
+OBJECTIVES = ("throughput", "memory", "cost")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    plan: Plan
+    estimate: Estimate
+
+    def key(self, objective: str) -> tuple:
+        e = self.estimate
+        if objective == "memory":
+            return (e.memory.required_gib, -e.tokens_per_s_per_gpu)
+        return (-e.tokens_per_s_per_gpu, e.memory.required_gib)  # cost per token ∝ 1 / throughput
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    candidates: list[Candidate]  # feasible plans, best first
+    structures: int  # parallel structures considered
+    evaluated: int  # plans timed
+    objective: str
+
+    def pareto(self) -> list[Candidate]:
+        """Plans no other plan beats on both throughput and memory."""
+        front, best_mem = [], math.inf
+        for c in sorted(
+            self.candidates, key=lambda c: (-c.estimate.tokens_per_s_per_gpu, c.estimate.memory.required_gib)
+        ):
+            if c.estimate.memory.required_gib < best_mem:
+                front.append(c)
+                best_mem = c.estimate.memory.required_gib
+        return front
+
+
+def _fits_memory(model: ModelSpec, cluster: Cluster, plan: Plan) -> bool:
+    from shardscope.graph.build import build_stage_graph
+
+    graph = build_stage_graph(model, plan, cluster.gpu.arch)
+    for rank in {0, plan.pp - 1}:
+        m = rank_memory(model, plan, graph, cluster.gpu.arch, rank)
+        if (m.allocated + m.overhead) / GIB > cluster.gpu.hbm_gib:
+            return False
+    return True
+
+
+def evaluate_structure(model: ModelSpec, cluster: Cluster, kw: dict, offload_ok: bool = True) -> Candidate | None:
+    """The fastest plan of one parallel structure that fits in memory, or None."""
+    try:
+        base = make_plan(model, cluster, **kw)
+    except ShardscopeError:
+        return None
+    state_floor = max(_state_total(model, base, r) for r in {0, base.pp - 1})
+    if state_floor / GIB > cluster.gpu.hbm_gib:
+        return None
+    stage_layers = base.stage_layers(model.layers)
+    offload = (False, True) if (offload_ok and (base.fsdp or base.zero >= 1)) else (False,)
+    for policy, share in RECOMPUTE_LEVELS:
+        layers = max(1, round(share * stage_layers)) if policy == "full" else 0
+        if policy == "full" and share < 1 and layers >= stage_layers:
+            continue
+        fitting = []
+        for off in offload:  # at the first recompute level that fits: with or without offload, the faster
+            plan = replace(base, recompute=policy, recompute_layers=layers if share < 1 else 0, offload_optimizer=off)
+            if _fits_memory(model, cluster, plan):
+                est = estimate_step(model, cluster, plan)
+                if est.fits:
+                    fitting.append(Candidate(plan, est))
+        if fitting:
+            return min(fitting, key=lambda c: c.key("throughput"))
+    return None
+
+
+def _state_total(model: ModelSpec, plan: Plan, rank: int) -> float:
+    st = rank_state_bytes(model, plan, rank)
+    return st.params + st.grads + st.optimizer
+
+
+def _evaluate_chunk(args: tuple) -> list[Candidate]:
+    model, cluster, chunk = args
+    return [c for kw in chunk if (c := evaluate_structure(model, cluster, kw)) is not None]
+
+
+def search(
+    model: ModelSpec,
+    cluster: Cluster,
+    global_batch: int,
+    seq_len: int,
+    objective: str = "throughput",
+    space: SearchSpace | None = None,
+    workers: int = 1,
+    executor: str = "local",
+    progress: Callable[[int, int], None] | None = None,
+) -> SearchResult:
+    """Every valid plan of `model` on `cluster` for this batch, feasible ones ranked by `objective`."""
+    if objective not in OBJECTIVES:
+        raise ShardscopeError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    todo = list(structures(model, cluster, global_batch, seq_len, space or SearchSpace()))
+    if not todo:
+        raise ShardscopeError(
+            f"no parallel layout of {cluster.gpus} GPUs divides global batch {global_batch} and seq {seq_len}"
+        )
+    found: list[Candidate] = []
+    chunk_size = max(16, len(todo) // (64 * max(workers, 1)))
+    chunks = [todo[i : i + chunk_size] for i in range(0, len(todo), chunk_size)]
+    for done, batch in enumerate(_run(chunks, model, cluster, workers, executor), start=1):
+        found += batch
+        if progress:
+            progress(done, len(chunks))
+    found.sort(key=lambda c: c.key(objective))
+    return SearchResult(found, len(todo), len(found), objective)
+
+
+def _run(chunks: list[list[dict]], model: ModelSpec, cluster: Cluster, workers: int, executor: str) -> Iterable:
+    args = [(model, cluster, c) for c in chunks]
+    if executor == "ray":
+        try:
+            import ray
+        except ImportError:
+            raise ShardscopeError("--executor ray needs Ray: pip install 'shardscope[ray]'") from None
+        if not ray.is_initialized():
+            ray.init(num_cpus=max(workers, 1), include_dashboard=False, log_to_driver=False)
+        remote = ray.remote(_evaluate_chunk)
+        pending = [remote.remote(a) for a in args]
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            yield ray.get(ready[0])
+        return
+    if executor != "local":
+        raise ShardscopeError(f"--executor must be local or ray, got {executor!r}")
+    if workers <= 1:
+        for a in args:
+            yield _evaluate_chunk(a)
+        return
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for fut in as_completed([pool.submit(_evaluate_chunk, a) for a in args]):
+            yield fut.result()
