@@ -200,3 +200,57 @@ def test_plan_cli_errors(args, needle):
 def test_search_errors():
     with pytest.raises(ShardscopeError):
         search(load_model("llama3.1-8b"), make_cluster("H100", 8), 7, 4096, objective="speed")
+
+
+def test_ray_executor_matches_local():
+    pytest.importorskip("ray")
+    m, c = load_model("llama3.1-8b"), make_cluster("H100", 64)
+    local = search(m, c, 128, 4096)
+    remote = search(m, c, 128, 4096, workers=2, executor="ray")
+    assert [x.plan for x in local.candidates[:5]] == [x.plan for x in remote.candidates[:5]]
+    assert remote.evaluated == local.evaluated
+
+
+def test_budget_planners():
+    from shardscope.planner.budget import plan_sac, plan_unshard
+
+    m, c = load_model("llama3.1-70b"), make_cluster("H100", 64)
+    plan = make_plan(m, c, tp=8, pp=4, global_batch=64, seq_len=8192)
+    sac = plan_sac(m, c, plan, budget_gib=60)
+    assert sac.need_gib > 0
+    for choice in (sac.greedy, sac.exact):
+        assert choice.freed_gib >= sac.need_gib - 1e-9  # fits the budget
+    assert sac.exact.cost_s <= sac.greedy.cost_s + 1e-12  # exact is never worse than greedy
+    fsdp = make_plan(m, c, fsdp=True, tp=2, global_batch=64, seq_len=4096, recompute="full")
+    un = plan_unshard(m, c, fsdp, budget_gib=75)
+    for choice in (un.greedy, un.exact):
+        assert choice.freed_gib <= un.need_gib + 1e-9  # spends no more than the slack
+    assert un.exact.cost_s >= un.greedy.cost_s - 1e-12
+    with pytest.raises(ShardscopeError):
+        plan_unshard(m, c, plan, budget_gib=75)  # not an FSDP plan
+
+
+def test_budget_cli():
+    r = runner.invoke(
+        app,
+        [
+            "budget",
+            "llama3.1-70b",
+            "--budget-gib",
+            "60",
+            "--gpus",
+            "64",
+            "--tp",
+            "8",
+            "--pp",
+            "4",
+            "--global-batch",
+            "64",
+            "--seq-len",
+            "8192",
+            "--json",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["kind"] == "sac" and d["exact"]["cost_s"] <= d["greedy"]["cost_s"]

@@ -191,6 +191,104 @@ def plan(
 
 
 @app.command()
+def budget(
+    model: Annotated[str, typer.Argument(help="catalog name or path to a config.json")],
+    budget_gib: Annotated[float, typer.Option(help="per-GPU memory budget, GiB")],
+    knob: Annotated[str, typer.Option(help="sac (selective checkpointing) | fsdp-unshard")] = "sac",
+    gpu: Annotated[str, typer.Option(help="GPU kind")] = "H100",
+    gpus: Annotated[int, typer.Option(help="total GPUs")] = 8,
+    tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
+    pp: Annotated[int, typer.Option(help="pipeline-parallel degree")] = 1,
+    vpp: Annotated[int, typer.Option(help="virtual stages per pipeline rank")] = 1,
+    cp: Annotated[int, typer.Option(help="context-parallel degree")] = 1,
+    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3")] = 0,
+    fsdp: Annotated[bool, typer.Option(help="PyTorch FSDP")] = False,
+    recompute: Annotated[str, typer.Option(help="recompute policy of the plan (fsdp-unshard)")] = "none",
+    micro_batch: Annotated[int, typer.Option(help="sequences per micro-batch")] = 1,
+    global_batch: Annotated[int | None, typer.Option(help="sequences per step")] = None,
+    seq_len: Annotated[int, typer.Option(help="sequence length")] = 4096,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Fit a memory budget with finer knobs: per-module selective checkpointing or FSDP unsharding,
+    greedy and exact."""
+    import dataclasses
+
+    from shardscope.hardware.catalog import make_cluster
+    from shardscope.models.catalog import load_model
+    from shardscope.plan.plan import make_plan
+    from shardscope.planner.budget import plan_sac, plan_unshard
+
+    try:
+        spec = load_model(model)
+        cluster = make_cluster(gpu, gpus)
+        dp = max(gpus // (tp * pp * cp), 1)
+        p = make_plan(
+            spec,
+            cluster,
+            tp=tp,
+            pp=pp,
+            vpp=vpp,
+            cp=cp,
+            zero=zero,
+            fsdp=fsdp,
+            recompute=recompute,
+            micro_batch=micro_batch,
+            global_batch=global_batch or micro_batch * dp * pp,
+            seq_len=seq_len,
+        )
+        if budget_gib <= 0:
+            raise ShardscopeError(f"--budget-gib must be positive, got {budget_gib}")
+        if knob not in ("sac", "fsdp-unshard"):
+            raise ShardscopeError(f"--knob must be sac or fsdp-unshard, got {knob!r}")
+        result = plan_sac(spec, cluster, p, budget_gib) if knob == "sac" else plan_unshard(spec, cluster, p, budget_gib)
+    except ShardscopeError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(dataclasses.asdict(result), indent=2) + "\n")
+        return
+    from shardscope.report.console import print_budget
+
+    print_budget(result)
+
+
+@app.command()
+def report(
+    model: Annotated[str, typer.Argument(help="catalog name or path to a config.json")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="HTML file to write")] = Path("report.html"),
+    gpu: Annotated[str, typer.Option(help="GPU kind")] = "H100",
+    gpus: Annotated[int, typer.Option(help="total GPUs")] = 8,
+    seq_len: Annotated[int, typer.Option(help="sequence length in tokens")] = 4096,
+    global_batch: Annotated[int, typer.Option(help="sequences per optimizer step")] = 256,
+    objective: Annotated[str, typer.Option(help="throughput | memory | cost")] = "throughput",
+    workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
+) -> None:
+    """Search the plans and write a self-contained interactive HTML report."""
+    from shardscope.hardware.catalog import make_cluster
+    from shardscope.models.catalog import load_model
+    from shardscope.planner.search import search
+    from shardscope.report.html import write_report
+    from shardscope.sim import simulate_step
+
+    try:
+        spec = load_model(model)
+        cluster = make_cluster(gpu, gpus)
+        result = search(spec, cluster, global_batch, seq_len, objective, workers=workers)
+        if not result.candidates:
+            raise ShardscopeError(f"no plan of {spec.name} fits {gpus}x {cluster.gpu.name} at this batch")
+        best = result.candidates[0].plan
+        try:
+            sim = simulate_step(spec, cluster, best)
+        except RuntimeError:
+            sim = None
+        write_report(output, spec, cluster, result, sim)
+    except ShardscopeError as exc:
+        _fail(str(exc))
+        return
+    sys.stdout.write(f"wrote {output} ({result.evaluated} feasible plans)\n")
+
+
+@app.command()
 def models() -> None:
     """List the catalog models."""
     from shardscope.report.console import print_models

@@ -56,13 +56,18 @@ class SearchResult:
         return front
 
 
+# Plans the search returns leave this much of the GPU free: memory estimates are not exact to the last
+# GiB, and a plan at 99.9% of HBM fails on the first allocator hiccup.
+HEADROOM_GIB = 2.0
+
+
 def _fits_memory(model: ModelSpec, cluster: Cluster, plan: Plan) -> bool:
     from shardscope.graph.build import build_stage_graph
 
     graph = build_stage_graph(model, plan, cluster.gpu.arch)
     for rank in {0, plan.pp - 1}:
         m = rank_memory(model, plan, graph, cluster.gpu.arch, rank)
-        if (m.allocated + m.overhead) / GIB > cluster.gpu.hbm_gib:
+        if (m.allocated + m.overhead) / GIB > cluster.gpu.hbm_gib - HEADROOM_GIB:
             return False
     return True
 
@@ -87,7 +92,7 @@ def evaluate_structure(model: ModelSpec, cluster: Cluster, kw: dict, offload_ok:
             plan = replace(base, recompute=policy, recompute_layers=layers if share < 1 else 0, offload_optimizer=off)
             if _fits_memory(model, cluster, plan):
                 est = estimate_step(model, cluster, plan)
-                if est.fits:
+                if est.fits and est.memory.required_gib <= cluster.gpu.hbm_gib - HEADROOM_GIB:
                     fitting.append(Candidate(plan, est))
         if fitting:
             return min(fitting, key=lambda c: c.key("throughput"))

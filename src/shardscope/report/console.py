@@ -163,3 +163,36 @@ def print_plans(
         console.print(
             f"Training {tokens:,.3g} tokens with plan #1: {tc.days:,.1f} days, {tc.gpu_hours:,.0f} GPU-hours{money}"
         )
+
+
+def print_budget(result, console: Console | None = None) -> None:
+    console = console or Console()
+    if result.kind == "sac":
+        console.print(
+            f"Plan needs {result.start_gib:.1f} GiB without recompute; budget {result.budget_gib:g} GiB: "
+            f"free {result.need_gib:.1f} GiB at the least recompute time."
+        )
+        value = "recompute time added"
+    else:
+        console.print(
+            f"Plan needs {result.start_gib:.1f} GiB; budget {result.budget_gib:g} GiB leaves "
+            f"{result.need_gib:.1f} GiB to keep weights unsharded after forward."
+        )
+        value = "time saved"
+    table = Table()
+    table.add_column("module")
+    table.add_column("GiB per layer", justify="right")
+    table.add_column("s per layer", justify="right")
+    table.add_column("greedy: layers", justify="right")
+    table.add_column("exact: layers", justify="right")
+    for it in result.items:
+        table.add_row(
+            it.name,
+            f"{it.bytes_per_layer / 2**30:.3f}",
+            f"{it.seconds_per_layer:.4f}",
+            str(result.greedy.items.get(it.name, 0)),
+            str(result.exact.items.get(it.name, 0)),
+        )
+    console.print(table)
+    for label, c in (("greedy", result.greedy), ("exact", result.exact)):
+        console.print(f"{label}: {c.freed_gib:.2f} GiB, {value} {c.cost_s * 1e3:.1f} ms per step")
