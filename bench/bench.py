@@ -42,6 +42,17 @@ def simulate_405b_16k_s(runs: int = 5) -> tuple[float, float]:
     return best, best_trace
 
 
+def search_405b_16k_s() -> tuple[float, int]:
+    """Seconds to search every plan of Llama-3.1-405B on 16,384 H100 on one core, and the layouts."""
+    from shardscope.hardware.catalog import make_cluster
+    from shardscope.models.catalog import load_model
+    from shardscope.planner.search import search
+
+    t0 = time.perf_counter()
+    result = search(load_model("llama3.1-405b"), make_cluster("H100", 16384), 2048, 8192)
+    return time.perf_counter() - t0, result.structures
+
+
 def cold_start_s(runs: int = 7) -> float:
     cmd = [sys.executable, "-m", "shardscope", "estimate", "llama3.1-70b", "--gpus", "64", "--tp", "8", "--json"]
     times = []
@@ -55,5 +66,7 @@ def cold_start_s(runs: int = 7) -> float:
 if __name__ == "__main__":
     print(f"in-process estimates/s: {estimates_per_second():,.0f}")
     print(f"CLI cold start (estimate --json, median of 7): {cold_start_s():.3f} s")
+    took, layouts = search_405b_16k_s()
+    print(f"search every plan of Llama-3.1-405B on 16,384 H100 (one core): {took:.2f} s for {layouts:,} layouts")
     sim, sim_trace = simulate_405b_16k_s()
     print(f"simulate Llama-3.1-405B on 16,384 GPUs (128 micro-batches): {sim:.2f} s, with trace: {sim_trace:.2f} s")
