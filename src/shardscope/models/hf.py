@@ -270,29 +270,19 @@ _PARSERS = {
 } | {t: _llama_like for t in LLAMA_LIKE}
 
 
-def _wan(name: str, cfg: dict[str, Any]) -> ModelSpec:
-    """diffusers WanTransformer3DModel (Wan 2.1 text-to-video). Text: umT5, 512 tokens."""
+def _dit_model(name: str, cfg: dict[str, Any], layers: int, ffn: int | None, dit: DiTSpec) -> ModelSpec:
+    """The ModelSpec of a video DiT: MHA over heads x attention_head_dim, q/k norm, RoPE, GeLU MLP."""
     heads = _positive("num_attention_heads", _need(cfg, "num_attention_heads"))
     head_dim = _positive("attention_head_dim", _need(cfg, "attention_head_dim"))
-    patch = tuple(cfg.get("patch_size") or (1, 2, 2))
-    dit = DiTSpec(
-        family="wan",
-        in_channels=int(_need(cfg, "in_channels")),
-        out_channels=int(_need(cfg, "out_channels")),
-        patch=patch,
-        text_dim=int(_need(cfg, "text_dim")),
-        text_len=512,
-        freq_dim=int(cfg.get("freq_dim") or 256),
-        cross_attn_norm=bool(cfg.get("cross_attn_norm", True)),
-    )
+    d = heads * head_dim
     return ModelSpec(
         name=name,
-        hidden=heads * head_dim,
-        layers=_positive("num_layers", _need(cfg, "num_layers")),
+        hidden=d,
+        layers=layers,
         heads=heads,
         kv_heads=heads,
         head_dim=head_dim,
-        ffn_hidden=_positive("ffn_dim", _need(cfg, "ffn_dim")),
+        ffn_hidden=ffn or int(float(cfg.get("mlp_ratio") or 4.0) * d),
         vocab=0,
         mlp="gelu",
         norm="layernorm",
@@ -302,12 +292,25 @@ def _wan(name: str, cfg: dict[str, Any]) -> ModelSpec:
     )
 
 
+def _wan(name: str, cfg: dict[str, Any]) -> ModelSpec:
+    """diffusers WanTransformer3DModel (Wan 2.1 text-to-video). Text: umT5, 512 tokens."""
+    dit = DiTSpec(
+        family="wan",
+        in_channels=int(_need(cfg, "in_channels")),
+        out_channels=int(_need(cfg, "out_channels")),
+        patch=tuple(cfg.get("patch_size") or (1, 2, 2)),
+        text_dim=int(_need(cfg, "text_dim")),
+        text_len=512,
+        freq_dim=int(cfg.get("freq_dim") or 256),
+        cross_attn_norm=bool(cfg.get("cross_attn_norm", True)),
+    )
+    layers = _positive("num_layers", _need(cfg, "num_layers"))
+    return _dit_model(name, cfg, layers, _positive("ffn_dim", _need(cfg, "ffn_dim")), dit)
+
+
 def _hunyuan_video(name: str, cfg: dict[str, Any]) -> ModelSpec:
     """diffusers HunyuanVideoTransformer3DModel: dual-stream then single-stream blocks. Text: LLaVA-LLaMA
     hidden states (4096-d, 256 tokens) through a token refiner, plus CLIP pooled (768-d)."""
-    heads = _positive("num_attention_heads", _need(cfg, "num_attention_heads"))
-    head_dim = _positive("attention_head_dim", _need(cfg, "attention_head_dim"))
-    d = heads * head_dim
     p = int(cfg.get("patch_size") or 2)
     double = int(_need(cfg, "num_layers"))
     dit = DiTSpec(
@@ -322,21 +325,7 @@ def _hunyuan_video(name: str, cfg: dict[str, Any]) -> ModelSpec:
         pooled_dim=int(cfg.get("pooled_projection_dim") or 768),
         guidance=bool(cfg.get("guidance_embeds")),
     )
-    return ModelSpec(
-        name=name,
-        hidden=d,
-        layers=double + int(_need(cfg, "num_single_layers")),
-        heads=heads,
-        kv_heads=heads,
-        head_dim=head_dim,
-        ffn_hidden=int(float(cfg.get("mlp_ratio") or 4.0) * d),
-        vocab=0,
-        mlp="gelu",
-        norm="layernorm",
-        qk_norm=True,
-        position="rope",
-        dit=dit,
-    )
+    return _dit_model(name, cfg, double + int(_need(cfg, "num_single_layers")), None, dit)
 
 
 _DIFFUSERS = {"WanTransformer3DModel": _wan, "HunyuanVideoTransformer3DModel": _hunyuan_video}
