@@ -62,6 +62,19 @@ def test_aliases_resolve(alias):
     assert load_model(alias).name == "llama3.1-70b"
 
 
+@pytest.mark.parametrize(
+    "alias,name",
+    [
+        ("wan2.1-14b", "wan2.1-t2v-14b"),
+        ("Wan2.1-1.3B", "wan2.1-t2v-1.3b"),
+        ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
+        ("Kimi-K2-Instruct", "kimi-k2"),
+    ],
+)
+def test_short_names(alias, name):
+    assert load_model(alias).name == name
+
+
 def test_unknown_model_suggests_close_names():
     with pytest.raises(ShardscopeError, match="did you mean.*llama3.1-70b"):
         load_model("llama3.1-71b")

@@ -50,12 +50,26 @@ def catalog_config(name: str) -> dict:
     return json.loads((_CATALOG / f"{name}.json").read_text())
 
 
+# Short names people use for catalog entries whose file names carry the variant.
+ALIASES = {
+    "wan2.1-14b": "wan2.1-t2v-14b",
+    "wan2.1-1.3b": "wan2.1-t2v-1.3b",
+    "hunyuan-video": "hunyuanvideo",
+    "kimi-k2-base": "kimi-k2",
+    "kimi-k2-instruct": "kimi-k2",
+    "llama4-scout-17b-16e": "llama4-scout",
+    "llama4-maverick-17b-128e": "llama4-maverick",
+}
+
+
 def resolve_model_name(name: str) -> str:
     """Map a user-typed name to a catalog name, or raise with the closest valid names."""
     names = list_models()
     if name in names:
         return name
     wanted = _normalize(name)
+    if wanted in ALIASES:
+        return ALIASES[wanted]
     for candidate in names:
         if _normalize(candidate) == wanted:
             return candidate
