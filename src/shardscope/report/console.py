@@ -118,39 +118,20 @@ def print_plans(
         f"searched, {result.evaluated:,} fit; best by {result.objective}:"
     )
     table = Table()
-    for col in (
-        "#",
-        "TP",
-        "PP",
-        "VPP",
-        "CP",
-        "DP",
-        "EP",
-        "sharding",
-        "recompute",
-        "mb",
-        "offload",
-        "tok/s/GPU",
-        "MFU",
-        "step",
-        "memory GiB",
-    ):
-        table.add_column(col, justify="left" if col in ("sharding", "recompute") else "right")
+    for col in ("#", "layout", "sharding", "recompute", "mb", "tok/s/GPU", "MFU", "step", "GiB"):
+        table.add_column(col, justify="left" if col in ("layout", "sharding", "recompute") else "right")
     for i, c in enumerate(best, 1):
         p, e = c.plan, c.estimate
-        rec = p.recompute + (f" ({p.recompute_layers}/stage)" if p.recompute == "full" and p.recompute_layers else "")
+        layout = f"TP{p.tp} PP{p.pp}" + (f"×{p.vpp}" if p.vpp > 1 else "") + f" CP{p.cp} DP{p.dp}"
+        layout += f" EP{p.ep}" if p.ep > 1 else ""
+        rec = p.recompute + (f" {p.recompute_layers}/stage" if p.recompute == "full" and p.recompute_layers else "")
+        shard = p.sharding_name.replace(" (no reshard)", "-noreshard") + (" +offload" if p.offload_optimizer else "")
         table.add_row(
             str(i),
-            str(p.tp),
-            str(p.pp),
-            str(p.vpp),
-            str(p.cp),
-            str(p.dp),
-            str(p.ep),
-            p.sharding_name,
+            layout,
+            shard,
             rec,
             str(p.micro_batch),
-            "opt" if p.offload_optimizer else "-",
             f"{e.tokens_per_s_per_gpu:,.0f}",
             f"{e.mfu:.1%}",
             _fmt_s(e.step_time_s),
