@@ -253,19 +253,14 @@ def stage_cost(sc: StepCosts, model: ModelSpec, plan: Plan, rank: int) -> Stage:
     st.exposed += 2 * plan.vpp * sc.p2p_s  # activations / gradients to and from the neighbouring stages
     if plan.offload_activations:  # copies to the host under forward and back under backward
         moved = plan.offload_activations * _saved_per_microbatch(sc, model, plan, layers)
-        copy = link_time_s(cluster_of(sc), moved)
+        copy = link_time_s(sc.cluster, moved)
         st.exposed += max(0.0, copy - st.fwd) + max(0.0, copy - st.bwd)
     st.compute += st.hidden * sc.slowdown
     return st
 
 
 def _saved_per_microbatch(sc: StepCosts, model: ModelSpec, plan: Plan, layers: tuple[int, ...]) -> float:
-    policy = "full" if plan.recompute == "full" else plan.recompute
-    return sum(n * sc.graph.layers[k].saved_bytes(policy) for k, n in model.kind_counts(layers).items())
-
-
-def cluster_of(sc: StepCosts) -> Cluster:
-    return sc.cluster
+    return sum(n * sc.graph.layers[k].saved_bytes(plan.recompute) for k, n in model.kind_counts(layers).items())
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,6 +351,7 @@ class RankMemory:
     activations: float  # saved activations at the peak (in-flight micro-batches)
     buffers: float  # transient buffers incl. one layer's backward working set
     inflight: int
+    workspace: float = 0.0  # the backward working set inside `buffers` (alive only during a backward)
 
     @property
     def allocated(self) -> float:
@@ -369,7 +365,7 @@ class RankMemory:
 def rank_memory(model: ModelSpec, plan: Plan, graph: StageGraph, arch: str, rank: int) -> RankMemory:
     act, workspace, inflight = activation_bytes(model, plan, graph, rank)
     buf = buffer_bytes(model, plan, graph, rank, arch) + workspace
-    return RankMemory(rank, rank_state_bytes(model, plan, rank), act, buf, inflight)
+    return RankMemory(rank, rank_state_bytes(model, plan, rank), act, buf, inflight, workspace)
 
 
 def host_gib_per_node(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int, activations: float) -> float:

@@ -139,6 +139,14 @@ def inflight_chunks(plan: Plan, stage: int) -> int:
     return min((plan.pp - stage - 1) * 2 + (plan.vpp - 1) * plan.pp + 1, m * plan.vpp)
 
 
+def layers_saved_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, layers: tuple[int, ...], full: int) -> float:
+    """Activations one micro-batch saves in `layers` when the first `full` of them run under full
+    recompute and the rest under the plan's policy ("none" for the rest of a partially recomputed stage)."""
+    rest = "none" if plan.recompute == "full" else plan.recompute
+    total = sum(n * graph.layers[k].saved_bytes("full") for k, n in model.kind_counts(layers[:full]).items())
+    return total + sum(n * graph.layers[k].saved_bytes(rest) for k, n in model.kind_counts(layers[full:]).items())
+
+
 def activation_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int) -> tuple[float, float, int]:
     """(saved activations at the peak, backward working set, in-flight chunks) on pipeline rank `stage`."""
     chunks = inflight_chunks(plan, stage)
@@ -147,10 +155,7 @@ def activation_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int
         per_layer_mean, worst_ws = 0.0, 0.0
     else:
         full = plan.recomputed_layers(len(layers))
-        rest = "none" if plan.recompute == "full" else plan.recompute
-        total = sum(n * graph.layers[k].saved_bytes("full") for k, n in model.kind_counts(layers[:full]).items())
-        total += sum(n * graph.layers[k].saved_bytes(rest) for k, n in model.kind_counts(layers[full:]).items())
-        per_layer_mean = total / len(layers)
+        per_layer_mean = layers_saved_bytes(model, plan, graph, layers, full) / len(layers)
         # Backward of one layer: a recomputed layer re-materialises its "none" activations; every
         # layer's backward holds the gradients of its largest intermediates.
         worst_ws = 0.0

@@ -124,7 +124,7 @@ def _knapsack(items: list[Item], target: float, minimise: bool, units: int = 400
     unit = target / units
     parts: list[tuple[str, int, int, float]] = []  # (item, multiplicity, weight units, value)
     for it in items:
-        w = max(1, int(-(-it.bytes_per_layer // unit)) if minimise else int(-(-it.bytes_per_layer // unit)))
+        w = max(1, int(-(-it.bytes_per_layer // unit)))
         k, left = 1, it.layers
         while left > 0:
             take = min(k, left)

@@ -34,7 +34,7 @@ from shardscope.analytic.step import (
     stage_cost,
     step_costs,
 )
-from shardscope.costs.memory import GIB
+from shardscope.costs.memory import layers_saved_bytes
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan, chunk_sizes
@@ -141,13 +141,7 @@ def _chunk_cost(
         fwd += sc.head_fwd.compute_s + sc.head_fwd.exposed_s
         bwd += sc.head_bwd.compute_s + sc.head_bwd.exposed_s
     wgrad = st.wgrad if split_w else 0.0
-    policy_act = 0.0
-    for kind, n in model.kind_counts(layers[:recomputed] if plan.recompute == "full" else ()).items():
-        policy_act += n * sc.graph.layers[kind].saved_bytes("full")
-    rest = layers[recomputed:] if plan.recompute == "full" else layers
-    rest_policy = "none" if plan.recompute == "full" else plan.recompute
-    for kind, n in model.kind_counts(rest).items():
-        policy_act += n * sc.graph.layers[kind].saved_bytes(rest_policy)
+    policy_act = layers_saved_bytes(model, plan, sc.graph, layers, recomputed if plan.recompute == "full" else 0)
     if first:
         policy_act += sc.graph.embedding.saved_bytes(plan.recompute)
     if last:
@@ -221,7 +215,7 @@ def simulate_step(
         static = base.state.params + base.state.grads + base.state.optimizer
         if name == "dualpipe":  # two copies of the weights (one per direction) and their gradients
             static += base.state.params + base.state.grads
-        workspace = base.buffers - _buffers_without_workspace(model, plan, sc, cluster, r)
+        workspace = base.workspace
         fixed = static + base.buffers - workspace
         live, points, peak = 0.0, [(0.0, fixed)], (fixed, 0.0, 0.0, 0)
         inflight = 0
@@ -328,13 +322,3 @@ def _layer_detail(model: ModelSpec, cluster: Cluster, plan: Plan, sc: StepCosts)
         )
     kinds = model.layer_kinds()
     return {i: per_kind[kinds[i]] for i in range(model.layers)}
-
-
-def _buffers_without_workspace(model: ModelSpec, plan: Plan, sc: StepCosts, cluster: Cluster, rank: int) -> float:
-    from shardscope.costs.memory import buffer_bytes
-
-    return buffer_bytes(model, plan, sc.graph, rank, cluster.gpu.arch)
-
-
-def peak_gib(result: SimResult) -> float:
-    return max(v for s in result.memory_series for _, v in s) / GIB
