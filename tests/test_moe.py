@@ -177,3 +177,62 @@ def test_deepseek_v3_plan_from_the_issue():
     )
     assert e.params.total == 671026419200 and 37e9 < e.params.active < 38e9
     assert e.step_time_s > 0 and 0 < e.mfu < 1
+
+
+def test_ep_overlap_follows_megatron_rules():
+    """Megatron-Core's combined-1F1B all-to-all overlap needs EP, pp 1 or an interleaved pipeline, and no
+    full recompute (TransformerConfig's checks): other plans are rejected with one clear line."""
+    from shardscope.errors import ShardscopeError
+
+    kw = dict(gpus=16, ep=8, global_batch=64, seq_len=4096, ep_comm_overlap=True)
+    with pytest.raises(ShardscopeError, match="interleaved pipeline"):
+        shardscope.estimate("qwen3-30b-a3b", pp=2, **kw)
+    with pytest.raises(ShardscopeError, match="recompute full"):
+        shardscope.estimate("qwen3-30b-a3b", recompute="full", **kw)
+    with pytest.raises(ShardscopeError, match="expert parallelism"):
+        shardscope.estimate("qwen3-30b-a3b", **(kw | {"ep": 1}))
+    assert shardscope.estimate("qwen3-30b-a3b", pp=2, vpp=2, **kw).step_time_s > 0
+
+
+def test_ep_overlap_pairs_each_all_to_all_with_one_block():
+    """Under the combined-1F1B overlap each all-to-all hides only under its paired block of the other
+    micro-batch (forward dispatch under backward MLP, ...): what exceeds that block stays exposed."""
+    from shardscope.analytic.step import _block_times, place_groups
+    from shardscope.costs.comm import collective_time_s
+
+    m = load_model("gpt-oss-120b")
+    cluster = make_cluster("H100", 64)  # EP 64 over 8 nodes: the all-to-alls cross InfiniBand
+    kw = dict(global_batch=64, seq_len=4096, ep=64)
+    plan = make_plan(m, cluster, ep_comm_overlap=True, **kw)
+    graph = build_stage_graph(m, plan)
+    layer = graph.layers[graph.kinds[0]]
+    blocks = _block_times(cluster, plan, layer)
+    groups = place_groups(cluster, plan)
+    exposed = {"fwd": 0.0, "bwd": 0.0}
+    for c in layer.comms:
+        t = collective_time_s(cluster, c.kind, c.bytes, groups.ep, c.fanout)
+        exposed[c.phase] += max(0.0, t - blocks[c.hidden_by])
+    assert exposed["fwd"] + exposed["bwd"] > 0  # this case is communication-bound: not all can hide
+    from shardscope.analytic.step import step_costs
+
+    sc = step_costs(m, cluster, plan)
+    cost = sc.layers[graph.kinds[0]]
+    assert cost.fwd.exposed_s == pytest.approx(exposed["fwd"])
+    assert cost.bwd.exposed_s == pytest.approx(exposed["bwd"])
+    no_overlap = shardscope.estimate("gpt-oss-120b", gpu="H100", gpus=64, **kw)
+    overlap = shardscope.estimate("gpt-oss-120b", gpu="H100", gpus=64, ep_comm_overlap=True, **kw)
+    assert overlap.step_time_s < no_overlap.step_time_s
+
+
+def test_grouped_gemm_pads_each_expert_to_whole_tiles():
+    """A grouped GEMM tiles every expert's rows separately: 16 experts of 100 rows fill 100/128 of their
+    128-row tiles, so they run at 100/128 of the rate of 16 experts of 128 rows (same tiles, same waves)."""
+    from shardscope.costs.compute import gemm_time_s
+    from shardscope.costs.efficiency import gemm_fraction
+
+    gpu = make_cluster("H100", 8).gpu
+    per_expert = gemm_fraction(gpu, 100, 4096, 4096, groups=16)
+    assert per_expert == pytest.approx(gemm_fraction(gpu, 128, 4096, 4096, groups=16) * 100 / 128)
+    # whole tiles and compute-bound (each expert's own weights are a small share of the traffic): the same
+    big = gemm_time_s(gpu, 8192, 4096, 4096, groups=16)
+    assert big == pytest.approx(gemm_time_s(gpu, 16 * 8192, 4096, 4096), rel=0.01)

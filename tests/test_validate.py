@@ -63,3 +63,25 @@ def test_any_file_with_the_schema(tmp_path):
     report = run_validation(path)
     assert [r.id for r in report.rows] == ["X-1"]
     assert report.skipped[0]["id"] == "X-2" and "unknown GPU" in report.skipped[0]["reason"]
+
+
+def test_every_megatron_bridge_moe_row_has_its_recipe(public_csv):
+    """Each MoE row of the Megatron-Bridge tables is matched to the perf recipe that produced it, each
+    recipe cites a commit and file, and the recipes obey Megatron-Core's overlap rule for the row."""
+    import csv
+    import re
+
+    from shardscope.validate.rows import _megatron_bridge_recipes, megatron_bridge_recipe
+
+    rows = [r for r in csv.DictReader(public_csv.open()) if r["source"] == "MBRIDGE_PERF" and r["arch"] == "moe"]
+    assert rows
+    used = set()
+    for row in rows:
+        recipe = megatron_bridge_recipe(row)
+        assert recipe is not None, row["id"]
+        used.add(id(recipe))
+        assert re.match(r"[0-9a-f]{9} \S+\.py:\w+", recipe["source"])
+        assert recipe["dispatcher"] in ("alltoall", "deepep", "hybridep")
+        if recipe["ep_comm_overlap"]:
+            assert int(row["pp"]) == 1 or int(row["vpp"] or 1) > 1
+    assert len(used) == len(_megatron_bridge_recipes())  # no recipe without its row

@@ -80,7 +80,20 @@ class PhaseCost:
     attention_s: float = 0.0
 
 
-def _phase_cost(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, backward: bool) -> PhaseCost:
+def _block_times(cluster: Cluster, plan: Plan, unit: OpGroup) -> dict[str, float]:
+    """Compute time of the attention and MLP halves of a layer, forward and backward: the blocks another
+    micro-batch's all-to-alls hide under in the combined-1F1B schedule."""
+    times = {}
+    for phase, backward in (("fwd", False), ("bwd", True)):
+        t = [op_time_s(cluster.gpu, op, backward, plan) for op in unit.ops]
+        times[f"{phase}_attn"], times[f"{phase}_mlp"] = sum(t[: unit.attn_ops]), sum(t[unit.attn_ops :])
+    return times
+
+
+def _phase_cost(
+    cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, backward: bool, blocks: dict[str, float] | None = None
+) -> PhaseCost:
+    """`blocks`: the other micro-batch's block times still free to hide all-to-alls under (consumed)."""
     cost = PhaseCost()
     for op in unit.ops:
         t = op_time_s(cluster.gpu, op, backward, plan)
@@ -91,13 +104,14 @@ def _phase_cost(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, bac
             cost.attention_s += t
     phase = "bwd" if backward else "fwd"
     budget = {"attention": cost.attention_s, "gemm": cost.gemm_s, "compute": cost.compute_s}
+    budget.update(blocks if blocks is not None else {})
     for c in unit.comms:
         if c.phase != phase:
             continue
         t = collective_time_s(cluster, c.kind, c.bytes, getattr(groups, c.group), c.fanout)
         if c.hidden_by:
-            hidden = min(t, budget[c.hidden_by])
-            budget[c.hidden_by] -= hidden
+            hidden = min(t, budget.get(c.hidden_by, 0.0))
+            budget[c.hidden_by] = budget.get(c.hidden_by, 0.0) - hidden
             cost.hidden_s += hidden
             cost.exposed_s += t - hidden
         else:
@@ -123,8 +137,9 @@ class LayerCost:
 def _layer_cost(
     cluster: Cluster, plan: Plan, groups: Groups, model: ModelSpec, kind: LayerKind, unit: OpGroup, gather_bytes: float
 ) -> LayerCost:
-    fwd = _phase_cost(cluster, plan, groups, unit, backward=False)
-    bwd = _phase_cost(cluster, plan, groups, unit, backward=True)
+    blocks = _block_times(cluster, plan, unit) if plan.ep_comm_overlap else None
+    fwd = _phase_cost(cluster, plan, groups, unit, backward=False, blocks=blocks)
+    bwd = _phase_cost(cluster, plan, groups, unit, backward=True, blocks=blocks)
     if plan.recompute == "full":
         rec, rec_comm = fwd.compute_s, fwd.exposed_s
     elif plan.recompute == "selective":

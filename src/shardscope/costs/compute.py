@@ -12,13 +12,14 @@ def memory_time_s(gpu: GPU, nbytes: float) -> float:
     return nbytes / (gpu.hbm_gbps * 1e9 * HBM_FRACTION)
 
 
-def gemm_time_s(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16") -> float:
-    """Roofline of one GEMM: FLOPs at the size-dependent fraction of the precision's peak, or its
-    operand traffic at streaming bandwidth, whichever is longer; plus the inter-kernel gap."""
-    flops = 2.0 * m * n * k
-    compute = flops / (gpu.peak_tflops(precision) * 1e12 * gemm_fraction(gpu, m, n, k, precision))
+def gemm_time_s(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", groups: int = 1) -> float:
+    """Roofline of one GEMM, or of a grouped GEMM of `groups` problems of (M, N, K) each: FLOPs at the
+    size-dependent fraction of the precision's peak, or the operand traffic at streaming bandwidth,
+    whichever is longer; plus the inter-kernel gap."""
+    flops = 2.0 * m * n * k * groups
+    compute = flops / (gpu.peak_tflops(precision) * 1e12 * gemm_fraction(gpu, m, n, k, precision, groups))
     elem = 1.0 if precision == "fp8" else 2.0
-    io = elem * (m * k + k * n) + 2.0 * m * n
+    io = groups * (elem * (m * k + k * n) + 2.0 * m * n)
     return max(compute, memory_time_s(gpu, io)) + KERNEL_GAP_S
 
 
@@ -26,10 +27,13 @@ def op_time_s(gpu: GPU, op: Op, backward: bool, plan: Plan) -> float:
     """Forward or backward time of one op (backward of a GEMM = dgrad + wgrad GEMMs)."""
     if op.kind == "gemm":
         m, n, k = op.mnk
+        g = op.groups
+        mg = max(1, round(m / g))  # rows per problem of a grouped GEMM (tokens per local expert)
         precision = "fp8" if op.fp8 and plan.precision == "fp8" else "bf16"
         if not backward:
-            return gemm_time_s(gpu, m, n, k, precision)
-        return gemm_time_s(gpu, m, k, n, precision) + gemm_time_s(gpu, k, n, m, precision)
+            return gemm_time_s(gpu, mg, n, k, precision, g)
+        # dgrad: (M, K) = (M, N)(N, K) per expert; wgrad: (K, N) per expert, summed over its M rows
+        return gemm_time_s(gpu, mg, k, n, precision, g) + gemm_time_s(gpu, k, n, mg, precision, g)
     if op.kind == "attention":
         flops = op.bwd_flops if backward else op.flops
         # the kernel tiles this rank's queries: a CP rank holds seq_len / cp of them

@@ -60,16 +60,18 @@ def clock_ratio(gpu: GPU) -> float:
     return gpu.matmul_sustained_fraction / gpu.matmul_burst_fraction
 
 
-def gemm_fraction(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16") -> float:
+def gemm_fraction(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", groups: int = 1) -> float:
     """Fraction of peak a GEMM of (M, N, K) reaches: sustained large-GEMM fraction x tile and wave
-    quantization x K-depth efficiency. Large, aligned GEMMs get the GPU's sustained fraction."""
+    quantization x K-depth efficiency. Large, aligned GEMMs get the GPU's sustained fraction.
+    `groups` > 1: one grouped kernel over that many (M, N, K) problems (MoE experts): each problem is
+    tiled on its own and all their tiles share the waves."""
     sustained = gpu.matmul_fraction(precision)
     if m <= 0 or n <= 0 or k <= 0:
         return sustained
     tm, tn = GEMM_TILE.get(gpu.arch, (128, 128))
     tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
-    tiles = tiles_m * tiles_n
-    tile_fill = (m * n) / (tiles * tm * tn)
+    tiles = tiles_m * tiles_n * groups
+    tile_fill = (groups * m * n) / (tiles * tm * tn)
     waves = math.ceil(tiles / gpu.sms)
     wave_fill = tiles / (waves * gpu.sms)
     depth = (k / (k + GEMM_K0)) / (GEMM_K_REF / (GEMM_K_REF + GEMM_K0))

@@ -13,7 +13,7 @@ checkpointing as torchtitan uses it; "full" keeps only each layer's input.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardscope.costs.routing import RoutingLoad, routing_load
 from shardscope.graph.attention import attention_group
@@ -55,7 +55,7 @@ def layer_group(
     else:
         attn, ai, ag = attention_group(model, plan, kind)
         mlp, mi, mg = moe_group(model, plan, load) if kind.mlp == "moe" else dense_mlp_group(model, plan)
-        group = attn + mlp
+        group = replace(attn + mlp, attn_ops=len(attn.ops))
     if plan.precision == "fp8":
         fwd_b, bwd_b = quantization_bytes(plan, arch, ai + mi, ag + mg)
         group = group + OpGroup((Op("fp8 casts", "memory", bytes=fwd_b, bwd_bytes=bwd_b, cheap=True),), (), ())

@@ -24,12 +24,14 @@ class OpGroup:
     ops: tuple[Op, ...]
     saved: tuple[Saved, ...]
     comms: tuple[Collective, ...]
+    attn_ops: int = 0  # a layer: how many leading ops form its attention half (the rest: the MLP half)
 
     def saved_bytes(self, policy: str) -> float:
         return sum(s.bytes for s in self.saved if policy in s.policies)
 
     def __add__(self, other: OpGroup) -> OpGroup:
-        return OpGroup(self.ops + other.ops, self.saved + other.saved, self.comms + other.comms)
+        ops, saved, comms = self.ops + other.ops, self.saved + other.saved, self.comms + other.comms
+        return OpGroup(ops, saved, comms, self.attn_ops)
 
 
 @dataclass(frozen=True, slots=True)

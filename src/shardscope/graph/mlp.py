@@ -23,7 +23,7 @@ from shardscope.graph.common import (
     residual,
     tp_collectives,
 )
-from shardscope.graph.ops import Collective, Op, Saved
+from shardscope.graph.ops import Collective, HiddenBy, Op, Phase, Saved
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan
 
@@ -104,14 +104,17 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     ops.append(Op("permute", "memory", bytes=BF16 * tm * h + perm, bwd_bytes=BF16 * tm * h + perm))
     dispatch = load * perm
     fanout = moe.top_k if plan.ep_dispatch == "hierarchical" else 0
-    # Megatron's combined-1F1B schedule (overlap_moe_expert_parallel_comm) runs one micro-batch's
-    # dispatch/combine under another micro-batch's compute.
-    a2a_hide = "compute" if plan.ep_comm_overlap else ""
+
+    # Megatron's combined-1F1B schedule (overlap_moe_expert_parallel_comm) runs one micro-batch's forward
+    # beside another's backward and pairs each all-to-all with one compute block of the other: forward
+    # dispatch under backward MLP, forward combine under backward attention, the backward all-to-alls
+    # under forward attention (combine) and forward MLP (dispatch) (DeepSeek-V3 report, Fig. 4).
+    def a2a(name: str, phase: Phase, pair: HiddenBy) -> Collective:
+        hide: HiddenBy = pair if plan.ep_comm_overlap else ""
+        return Collective(f"ep {name} all-to-all", "all_to_all", "ep", dispatch, phase, hide, fanout)
+
     if plan.ep > 1:
-        comms += [
-            Collective("ep dispatch all-to-all", "all_to_all", "ep", dispatch, ph, a2a_hide, fanout)
-            for ph in ("fwd", "bwd")
-        ]
+        comms += [a2a("dispatch", "fwd", "bwd_mlp"), a2a("dispatch", "bwd", "fwd_mlp")]
     if plan.etp > 1:
         comms += [
             Collective("etp all-gather tokens", "all_gather", "etp", dispatch * plan.etp, "fwd"),
@@ -127,10 +130,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
             Collective("etp all-gather grads", "all_gather", "etp", dispatch * plan.etp, "bwd"),
         ]
     if plan.ep > 1:
-        comms += [
-            Collective("ep combine all-to-all", "all_to_all", "ep", dispatch, ph, a2a_hide, fanout)
-            for ph in ("fwd", "bwd")
-        ]
+        comms += [a2a("combine", "fwd", "bwd_attn"), a2a("combine", "bwd", "fwd_attn")]
     ops.append(Op("unpermute + weighted sum", "memory", bytes=perm + BF16 * tm * h, bwd_bytes=2 * perm + BF16 * tm * h))
     if moe.shared_experts:
         s_ops, s_saved, si, sg = _ffn(

@@ -9,6 +9,10 @@ OpKind = Literal["gemm", "attention", "memory"]
 CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
 Group = Literal["tp", "cp", "dp", "pp", "ep", "etp"]
 Phase = Literal["fwd", "bwd"]
+# What a collective hides under: nothing (""), this phase's attention / GEMMs / any compute, or one block
+# (attention or MLP half of the layer) of another micro-batch's forward or backward — Megatron-Core's
+# combined-1F1B EP overlap pairs each all-to-all with one such block (DeepSeek-V3 report §3.2.1, Fig. 4).
+HiddenBy = Literal["", "attention", "gemm", "compute", "fwd_attn", "fwd_mlp", "bwd_attn", "bwd_mlp"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +52,7 @@ class Collective:
 
     `bytes` is the full buffer: the output of an all-gather, the input of a reduce-scatter, the buffer
     of an all-reduce, the per-rank send of an all-to-all or send/recv. `hidden_by` names the compute
-    that can overlap it ("" = exposed on the critical path; "compute" = any compute of the layer, as
-    when another micro-batch's work is interleaved with it).
+    that can overlap it (see `HiddenBy`; "" = exposed on the critical path).
     """
 
     name: str
@@ -57,5 +60,5 @@ class Collective:
     group: Group
     bytes: float
     phase: Phase
-    hidden_by: Literal["", "attention", "gemm", "compute"] = ""
+    hidden_by: HiddenBy = ""
     fanout: int = 0  # MoE dispatch: experts per token when sent once per node (hierarchical); 0 = flat

@@ -219,6 +219,16 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
             )
         if model.moe.expert_ffn % plan.etp:
             raise ShardscopeError(f"--etp {plan.etp} does not divide the expert FFN size {model.moe.expert_ffn}")
+    if plan.ep_comm_overlap:
+        # Megatron-Core's combined-1F1B all-to-all overlap (TransformerConfig checks): it pairs one
+        # micro-batch's forward with another's backward, so it needs EP, no pipeline or an interleaved
+        # one, and no full-layer recompute.
+        if plan.ep < 2:
+            raise ShardscopeError("--ep-comm-overlap needs expert parallelism (--ep > 1)")
+        if plan.pp > 1 and plan.vpp == 1:
+            raise ShardscopeError("--ep-comm-overlap needs --pp 1 or an interleaved pipeline (--vpp > 1)")
+        if plan.recompute == "full":
+            raise ShardscopeError("--ep-comm-overlap cannot be combined with --recompute full")
     if model.moe is not None and plan.tp > 1 and not plan.sequence_parallel:
         raise ShardscopeError("MoE with --tp > 1 needs sequence parallel (as in Megatron-Core)")
     if not 0 <= plan.offload_activations <= 1:

@@ -13,10 +13,10 @@ Defaults for blank cells (the frameworks' own recipes, never tuned to a row):
   causal skip   off for llm-foundry: its triton flash attention takes ALiBi and the causal mask as one
                 additive bias, so every block of the score matrix is computed.
   TP overlap    on for Megatron-Bridge/NeMo perf recipes (they enable `tp_comm_overlap`), off otherwise.
-  EP overlap    on for Megatron-Bridge MoE perf runs (their perf scripts set
-                OVERLAP_MOE_EXPERT_PARALLEL_COMM=True: the combined-1F1B all-to-all overlap).
-  EP dispatch   hierarchical (one copy per node, NVLink fan-out) for Megatron-Bridge MoE perf runs, which
-                use the DeepEP / HybridEP dispatchers.
+  MoE recipes   Megatron-Bridge MoE rows take recompute, the all-to-all overlap and the dispatcher from the
+                perf recipe that produced them (`megatron_bridge_recipes.yaml`, read from the repository at
+                the commit that published the row). NCCL `alltoall` sends a copy per token-expert pair
+                (flat); DeepEP / HybridEP send one copy per node (hierarchical).
   MTP           DeepSeek-V3 rows train the MTP module unless the table says "w/o MTP" (the recipe's
                 default; the rows' TFLOP/s-to-tokens/s ratios include its FLOPs).
   MoE models    structure from the catalog config (MLA, shared experts, dense layers, windows), after
@@ -27,6 +27,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+import yaml
 
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster, make_cluster
@@ -161,11 +165,48 @@ def case_model_mtp(row: dict[str, str]) -> bool:
     return row["model"].lower() == "deepseek_v3" and "w/o MTP" not in row.get("notes", "")
 
 
+@lru_cache(maxsize=1)
+def _megatron_bridge_recipes() -> tuple[dict, ...]:
+    text = (resources.files("shardscope.validate") / "megatron_bridge_recipes.yaml").read_text()
+    return tuple(yaml.safe_load(text)["recipes"])
+
+
+def megatron_bridge_recipe(row: dict[str, str]) -> dict | None:
+    """The perf recipe behind a Megatron-Bridge row: matched on model, system, GPUs, the precision as
+    listed and the container release (both from the row's notes)."""
+    if row.get("source") != "MBRIDGE_PERF":
+        return None
+    notes = row.get("notes", "")
+    container = re.search(r"NeMo container ([\d.]+)", notes)
+    precision = re.search(r"precision as listed: ([^;]+);", notes)
+    if not container or not precision:
+        return None
+    key = (row["model"], row["gpu"], _int(row, "num_gpus"), precision.group(1).strip(), container.group(1))
+    for recipe in _megatron_bridge_recipes():
+        if (recipe["model"], recipe["system"], recipe["gpus"], recipe["precision"], recipe["container"]) == key:
+            return recipe
+    return None
+
+
+def _moe_settings(row: dict[str, str], recipe: dict | None) -> dict:
+    """EP overlap and dispatch: the recipe's where known, else the defaults of Megatron-Bridge perf runs
+    (flex dispatcher, overlap where Megatron-Core allows it: no pipeline or an interleaved one)."""
+    if recipe is not None:
+        return {
+            "ep_comm_overlap": recipe["ep_comm_overlap"],
+            "ep_dispatch": "flat" if recipe["dispatcher"] == "alltoall" else "hierarchical",
+        }
+    megatron = row.get("source") in MEGATRON_SOURCES
+    overlap = megatron and _int(row, "ep", 1) > 1 and (_int(row, "pp", 1) == 1 or _int(row, "vpp", 1) > 1)
+    return {"ep_comm_overlap": overlap, "ep_dispatch": "hierarchical" if megatron else "flat"}
+
+
 def case_from_row(row: dict[str, str]) -> RowCase:
     precision = (row.get("precision") or "bf16").strip().lower()
     model = model_from_row(row)
     cluster = make_cluster(row["gpu"], _int(row, "num_gpus"))
-    recompute = (row.get("recompute") or "none").strip().lower()
+    recipe = megatron_bridge_recipe(row)
+    recompute = (row.get("recompute") or (recipe["recompute"] if recipe else "") or "none").strip().lower()
     recompute_layers = 0
     if recompute.startswith("selective"):
         recompute = "selective"
@@ -192,15 +233,14 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             tp_comm_overlap=row.get("source") in MEGATRON_SOURCES,
             causal_block_skip=row.get("source") != "MOSAICML_LLMFOUNDRY",
             ep=_int(row, "ep", 1),
-            ep_comm_overlap=row.get("source") in MEGATRON_SOURCES,
-            ep_dispatch="hierarchical" if row.get("source") in MEGATRON_SOURCES else "flat",
+            **_moe_settings(row, recipe),
             # Megatron-Bridge's DeepSeek-V3 recipe trains the MTP module unless the table says "w/o MTP".
             mtp=bool(case_model_mtp(row)),
             **_sharding(row),
         )
     except ShardscopeError as exc:
         raise SkipRow(f"plan rejected: {exc}") from None
-    if not (row.get("recompute") or "").strip():
+    if not (row.get("recompute") or "").strip() and recipe is None:
         plan = _least_recompute_that_fits(model, cluster, plan)
     return RowCase(model, cluster, plan)
 
@@ -212,8 +252,9 @@ def _least_recompute_that_fits(model: ModelSpec, cluster: Cluster, plan: Plan) -
 
     from shardscope.analytic.step import estimate_step
 
-    for policy in ("none", "selective", "full"):
+    for policy in ("none", "selective"):
         candidate = replace(plan, recompute=policy)
         if estimate_step(model, cluster, candidate).fits:
             return candidate
-    return replace(plan, recompute="full")
+    # Megatron-Core refuses the EP all-to-all overlap with full recompute, so a run that needed it had none.
+    return replace(plan, recompute="full", ep_comm_overlap=False)
