@@ -63,7 +63,7 @@ def estimate(
     moe_imbalance: Annotated[float, typer.Option(help="extra load factor on the hottest EP rank")] = 1.0,
     capacity_factor: Annotated[float, typer.Option(help="expert capacity factor (0 = dropless)")] = 0.0,
     mtp: Annotated[bool, typer.Option(help="train the multi-token-prediction modules (DeepSeek-V3)")] = False,
-    ep_comm_overlap: Annotated[bool, typer.Option(help="overlap EP all-to-alls with another micro-batch")] = False,
+    ep_comm_overlap: Annotated[bool, typer.Option(help="hide EP all-to-alls under another micro-batch")] = False,
     ep_dispatch: Annotated[str, typer.Option(help="flat | hierarchical (one copy per node: DeepEP)")] = "flat",
     fsdp_prefetch: Annotated[int, typer.Option(help="FSDP layers gathered ahead (0 = no overlap)")] = 1,
     offload_optimizer: Annotated[bool, typer.Option(help="optimizer states in host memory, Adam on the CPU")] = False,
