@@ -197,7 +197,7 @@ def test_ep_overlap_follows_megatron_rules():
 def test_ep_overlap_pairs_each_all_to_all_with_one_block():
     """Under the combined-1F1B overlap each all-to-all hides only under its paired block of the other
     micro-batch (forward dispatch under backward MLP, ...): what exceeds that block stays exposed."""
-    from shardscope.analytic.step import _block_times, place_groups
+    from shardscope.analytic.step import _block_times, _compute_cost, place_groups
     from shardscope.costs.comm import collective_time_s
 
     m = load_model("gpt-oss-120b")
@@ -206,7 +206,7 @@ def test_ep_overlap_pairs_each_all_to_all_with_one_block():
     plan = make_plan(m, cluster, ep_comm_overlap=True, **kw)
     graph = build_stage_graph(m, plan)
     layer = graph.layers[graph.kinds[0]]
-    blocks = _block_times(cluster, plan, layer)
+    blocks = _block_times(_compute_cost(cluster, plan, layer, False), _compute_cost(cluster, plan, layer, True))
     groups = place_groups(cluster, plan)
     exposed = {"fwd": 0.0, "bwd": 0.0}
     for c in layer.comms:

@@ -78,45 +78,59 @@ class PhaseCost:
     hidden_s: float = 0.0  # communication that ran under compute (slows that compute)
     gemm_s: float = 0.0
     attention_s: float = 0.0
+    attn_block_s: float = 0.0  # compute of a layer's attention half (OpGroup.attn_ops)
 
 
-def _block_times(cluster: Cluster, plan: Plan, unit: OpGroup) -> dict[str, float]:
-    """Compute time of the attention and MLP halves of a layer, forward and backward: the blocks another
-    micro-batch's all-to-alls hide under in the combined-1F1B schedule."""
-    times = {}
-    for phase, backward in (("fwd", False), ("bwd", True)):
-        t = [op_time_s(cluster.gpu, op, backward, plan) for op in unit.ops]
-        times[f"{phase}_attn"], times[f"{phase}_mlp"] = sum(t[: unit.attn_ops]), sum(t[unit.attn_ops :])
-    return times
-
-
-def _phase_cost(
-    cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, backward: bool, blocks: dict[str, float] | None = None
-) -> PhaseCost:
-    """`blocks`: the other micro-batch's block times still free to hide all-to-alls under (consumed)."""
+def _compute_cost(cluster: Cluster, plan: Plan, unit: OpGroup, backward: bool) -> PhaseCost:
+    """The compute half of a phase cost (communication is added by `_add_comms`)."""
     cost = PhaseCost()
-    for op in unit.ops:
+    for i, op in enumerate(unit.ops):
         t = op_time_s(cluster.gpu, op, backward, plan)
         cost.compute_s += t
+        if i < unit.attn_ops:
+            cost.attn_block_s += t
         if op.kind == "gemm":
             cost.gemm_s += t
         elif op.kind == "attention":
             cost.attention_s += t
-    phase = "bwd" if backward else "fwd"
-    budget = {"attention": cost.attention_s, "gemm": cost.gemm_s, "compute": cost.compute_s}
-    budget.update(blocks if blocks is not None else {})
+    return cost
+
+
+def _block_times(fwd: PhaseCost, bwd: PhaseCost) -> dict[str, float]:
+    """Compute time of the attention and MLP halves of a layer, forward and backward: the blocks another
+    micro-batch's all-to-alls hide under in the combined-1F1B schedule."""
+    return {
+        "fwd_attn": fwd.attn_block_s,
+        "fwd_mlp": fwd.compute_s - fwd.attn_block_s,
+        "bwd_attn": bwd.attn_block_s,
+        "bwd_mlp": bwd.compute_s - bwd.attn_block_s,
+    }
+
+
+def _add_comms(
+    cluster: Cluster, groups: Groups, unit: OpGroup, phase: str, cost: PhaseCost, blocks: dict[str, float]
+) -> PhaseCost:
+    """Add the unit's collectives of `phase` to `cost`: each hides under what its `hidden_by` names (this
+    phase's compute, or one of the other micro-batch's `blocks`) as far as that budget lasts."""
+    budget = {"attention": cost.attention_s, "gemm": cost.gemm_s, "compute": cost.compute_s, **blocks}
     for c in unit.comms:
         if c.phase != phase:
             continue
         t = collective_time_s(cluster, c.kind, c.bytes, getattr(groups, c.group), c.fanout)
         if c.hidden_by:
-            hidden = min(t, budget.get(c.hidden_by, 0.0))
-            budget[c.hidden_by] = budget.get(c.hidden_by, 0.0) - hidden
+            hidden = min(t, budget[c.hidden_by])
+            budget[c.hidden_by] -= hidden
             cost.hidden_s += hidden
             cost.exposed_s += t - hidden
         else:
             cost.exposed_s += t
     return cost
+
+
+def _phase_cost(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, backward: bool) -> PhaseCost:
+    """Compute and communication of a unit that pairs with no other micro-batch (embedding, head)."""
+    phase = "bwd" if backward else "fwd"
+    return _add_comms(cluster, groups, unit, phase, _compute_cost(cluster, plan, unit, backward), {})
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +151,10 @@ class LayerCost:
 def _layer_cost(
     cluster: Cluster, plan: Plan, groups: Groups, model: ModelSpec, kind: LayerKind, unit: OpGroup, gather_bytes: float
 ) -> LayerCost:
-    blocks = _block_times(cluster, plan, unit) if plan.ep_comm_overlap else None
-    fwd = _phase_cost(cluster, plan, groups, unit, backward=False, blocks=blocks)
-    bwd = _phase_cost(cluster, plan, groups, unit, backward=True, blocks=blocks)
+    fwd, bwd = _compute_cost(cluster, plan, unit, False), _compute_cost(cluster, plan, unit, True)
+    blocks = _block_times(fwd, bwd)
+    _add_comms(cluster, groups, unit, "fwd", fwd, blocks)
+    _add_comms(cluster, groups, unit, "bwd", bwd, blocks)
     if plan.recompute == "full":
         rec, rec_comm = fwd.compute_s, fwd.exposed_s
     elif plan.recompute == "selective":

@@ -16,7 +16,8 @@ Defaults for blank cells (the frameworks' own recipes, never tuned to a row):
   MoE recipes   Megatron-Bridge MoE rows take recompute, the all-to-all overlap and the dispatcher from the
                 perf recipe that produced them (`megatron_bridge_recipes.yaml`, read from the repository at
                 the commit that published the row). NCCL `alltoall` sends a copy per token-expert pair
-                (flat); DeepEP / HybridEP send one copy per node (hierarchical).
+                (flat); DeepEP / HybridEP send one copy per node (hierarchical). A Megatron row without a
+                recipe gets the flex dispatcher and the overlap wherever Megatron-Core allows it.
   MTP           DeepSeek-V3 rows train the MTP module unless the table says "w/o MTP" (the recipe's
                 default; the rows' TFLOP/s-to-tokens/s ratios include its FLOPs).
   MoE models    structure from the catalog config (MLA, shared experts, dense layers, windows), after
