@@ -110,3 +110,12 @@ def test_console_script_starts_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_bad_pipeline_layout_is_one_line_and_exit_2():
+    result = runner.invoke(
+        app,
+        ["estimate", "deepseek-v3", "--gpus", "256", "--pp", "4", "--vpp", "4", "--ep", "64", "--pp-layout", "Et*4|L"],
+    )
+    assert result.exit_code == 2
+    assert "--pp-layout" in result.output and "Traceback" not in result.output

@@ -236,3 +236,65 @@ def test_grouped_gemm_pads_each_expert_to_whole_tiles():
     # whole tiles and compute-bound (each expert's own weights are a small share of the traffic): the same
     big = gemm_time_s(gpu, 8192, 4096, 4096, groups=16)
     assert big == pytest.approx(gemm_time_s(gpu, 16 * 8192, 4096, 4096), rel=0.01)
+
+
+def test_mtp_modules_shard_their_experts_over_ep_and_cost_the_last_stage():
+    """DeepSeek-V3's MTP module is one more MoE block: its routed experts split over EP like any other
+    layer's, its parameters add up to `params_mtp`, and its block + output layer run on the last stage."""
+    from shardscope.analytic.step import stage_cost, step_costs
+    from shardscope.costs.memory import mtp_params_local, rank_params_local
+
+    m = load_model("deepseek-v3")
+    cluster = make_cluster("H100", 1024)
+    kw = dict(pp=16, global_batch=1024, seq_len=4096, zero=1)
+    for ep in (8, 64):
+        plan = make_plan(m, cluster, ep=ep, mtp=True, **kw)
+        dense, expert = mtp_params_local(m, plan)
+        assert dense + expert * ep == m.params_mtp
+    p8, p64 = (make_plan(m, cluster, ep=ep, mtp=True, **kw) for ep in (8, 64))
+    assert mtp_params_local(m, p64)[1] * 8 == mtp_params_local(m, p8)[1]
+    # the last stage also keeps a copy of the embedding the MTP module looks up
+    off = make_plan(m, cluster, ep=64, **kw)
+    extra = sum(rank_params_local(m, p64, 15)) - sum(rank_params_local(m, off, 15))
+    assert extra == pytest.approx(sum(mtp_params_local(m, p64)) + m.vocab * m.hidden)
+    # time: the last stage gains at least one MoE block's forward + backward and one output layer
+    sc_on, sc_off = step_costs(m, cluster, p64), step_costs(m, cluster, off)
+    gained = stage_cost(sc_on, m, p64, 15).compute - stage_cost(sc_off, m, off, 15).compute
+    block = sc_on.layers[LayerKind("full", "moe")]
+    head = sc_on.head_fwd.compute_s + sc_on.head_bwd.compute_s
+    assert gained > block.fwd.compute_s + block.bwd.compute_s + head
+    assert stage_cost(sc_on, m, p64, 0).compute == stage_cost(sc_off, m, off, 0).compute
+
+
+def test_megatron_pipeline_layout():
+    from shardscope.errors import ShardscopeError
+    from shardscope.plan.layout import parse_pp_layout
+
+    assert parse_pp_layout("Et*4|(t*4|)*14tmL") == (4,) * 15 + (1,)
+    assert parse_pp_layout("Et|(tt|)*30mL") == (1,) + (2,) * 30 + (0,)
+    assert parse_pp_layout("5, 4,3") == (5, 4, 3)
+    for bad, why in (("t|Et", "embedding"), ("tL|t", "last chunk"), ("Ex*4", "unknown symbol"), ("(t|*2", "paren")):
+        with pytest.raises(ShardscopeError, match=why):
+            parse_pp_layout(bad)
+    m = load_model("deepseek-v3")
+    cluster = make_cluster("GB200", 256)
+    plan = make_plan(m, cluster, pp=4, vpp=4, ep=64, global_batch=256, pp_layout="Et*4|(t*4|)*14tmL")
+    ranks = plan.rank_layers(m.layers)
+    # rank r runs chunks r, r+4, r+8, r+12: the last rank holds the one-layer chunk
+    assert [len(r) for r in ranks] == [16, 16, 16, 13]
+    assert ranks[0][:5] == (0, 1, 2, 3, 16) and ranks[3][-1] == 60
+    with pytest.raises(ShardscopeError, match="16 chunks holding the 61 layers"):
+        make_plan(m, cluster, pp=4, vpp=4, ep=64, global_batch=256, pp_layout="Et*4|(t*4|)*13tmL")
+
+
+def test_layout_and_mtp_export_to_megatron_arguments():
+    from shardscope.plan.layout import parse_pp_layout
+    from shardscope.planner.export import to_megatron
+
+    m = load_model("deepseek-v3")
+    layout = "Et*4|(t*4|)*14tmL"
+    plan = make_plan(m, make_cluster("GB200", 256), pp=4, vpp=4, ep=64, global_batch=256, pp_layout=layout, mtp=True)
+    args = to_megatron(m, plan)
+    written = args[args.index("--pipeline-model-parallel-layout") + 1]
+    assert parse_pp_layout(written) == parse_pp_layout(layout) and written.endswith("tmL")
+    assert args[args.index("--mtp-num-layers") + 1] == "1"

@@ -38,6 +38,10 @@ def estimate(
     tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
     pp: Annotated[int, typer.Option(help="pipeline-parallel degree")] = 1,
     vpp: Annotated[int, typer.Option(help="virtual stages per pipeline rank (interleaved 1F1B)")] = 1,
+    pp_layout: Annotated[
+        str | None,
+        typer.Option(help="layers per model chunk: Megatron layout ('Et*4|(t*4|)*14tmL') or counts ('5,4,...,1')"),
+    ] = None,
     cp: Annotated[int, typer.Option(help="context-parallel degree")] = 1,
     cp_kind: Annotated[str, typer.Option(help="context parallel: ring | a2a")] = "ring",
     dp: Annotated[int | None, typer.Option(help="data-parallel degree (default gpus/(tp·pp·cp))")] = None,
@@ -101,6 +105,7 @@ def estimate(
             tp=tp,
             pp=pp,
             vpp=vpp,
+            pp_layout=pp_layout,
             cp=cp,
             cp_kind=cp_kind,
             dp=dp_value,

@@ -8,6 +8,7 @@ one micro-batch's forward+backward on a typical stage (1F1B / interleaved 1F1B, 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from shardscope.costs.comm import GroupPlacement, collective_time_s, place_group
@@ -220,6 +221,8 @@ class StepCosts:
     embed_bwd: PhaseCost
     head_fwd: PhaseCost
     head_bwd: PhaseCost
+    mtp_fwd: PhaseCost  # an MTP module's own ops (`graph.mtp`), without its block and output layer
+    mtp_bwd: PhaseCost
     p2p_s: float  # one send/recv of a stage boundary activation
     slowdown: float  # compute slowdown while a collective overlaps it
     gather_bytes: int  # bytes per weight all-gathered (bf16, or FP8 with fp8_all_gather)
@@ -240,6 +243,8 @@ def step_costs(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepCosts:
         embed_bwd=_phase_cost(cluster, plan, groups, graph.embedding, backward=True),
         head_fwd=_phase_cost(cluster, plan, groups, graph.head, backward=False),
         head_bwd=_phase_cost(cluster, plan, groups, graph.head, backward=True),
+        mtp_fwd=_phase_cost(cluster, plan, groups, graph.mtp, backward=False),
+        mtp_bwd=_phase_cost(cluster, plan, groups, graph.mtp, backward=True),
         p2p_s=collective_time_s(cluster, "send_recv", graph.boundary_bytes, groups.pp) if plan.pp > 1 else 0.0,
         slowdown=overlap_slowdown(gpu),
         gather_bytes=gather_bytes,
@@ -251,21 +256,45 @@ def layers_cost(sc: StepCosts, model: ModelSpec, plan: Plan, layers: tuple[int, 
     """Per-micro-batch cost of running `layers` (the first `recomputed` of them under full recompute)."""
     st = Stage()
     n_rec = recomputed if plan.recompute == "full" else len(layers)
-    for part, is_rec in ((layers[:n_rec], plan.recompute != "none"), (layers[n_rec:], False)):
-        for kind, n in model.kind_counts(part).items():
-            c = sc.layers[kind]
-            rec = c.recompute_s if is_rec else 0.0
-            rec_comm = c.recompute_comm_s if is_rec else 0.0
-            st.compute += n * (c.fwd.compute_s + c.bwd.compute_s + rec)
-            st.recompute += n * rec
-            st.exposed += n * (c.fwd.exposed_s + c.bwd.exposed_s + rec_comm + c.fsdp_exposed_s)
-            st.hidden += n * (c.fwd.hidden_s + c.bwd.hidden_s + c.fsdp_hidden_s)
-            st.fwd += n * c.fwd.compute_s
-            st.bwd += n * (c.bwd.compute_s + rec)
-            st.fwd_exposed += n * (c.fwd.exposed_s + (c.fsdp_exposed_s / 2))
-            st.wgrad += n * c.wgrad_s
+    _add_blocks(st, sc, model.kind_counts(layers[:n_rec]), plan.recompute != "none")
+    _add_blocks(st, sc, model.kind_counts(layers[n_rec:]), False)
     if layers:
         st.first_gather = sc.layers[sc.graph.kinds[layers[0]]].fsdp_gather_s
+    return st
+
+
+def _add_blocks(st: Stage, sc: StepCosts, counts: Mapping[LayerKind, int], recomputed: bool) -> None:
+    """Add `counts` blocks of each kind to `st` (with their recompute when `recomputed`)."""
+    for kind, n in counts.items():
+        c = sc.layers[kind]
+        rec = c.recompute_s if recomputed else 0.0
+        rec_comm = c.recompute_comm_s if recomputed else 0.0
+        st.compute += n * (c.fwd.compute_s + c.bwd.compute_s + rec)
+        st.recompute += n * rec
+        st.exposed += n * (c.fwd.exposed_s + c.bwd.exposed_s + rec_comm + c.fsdp_exposed_s)
+        st.hidden += n * (c.fwd.hidden_s + c.bwd.hidden_s + c.fsdp_hidden_s)
+        st.fwd += n * c.fwd.compute_s
+        st.bwd += n * (c.bwd.compute_s + rec)
+        st.fwd_exposed += n * (c.fwd.exposed_s + (c.fsdp_exposed_s / 2))
+        st.wgrad += n * c.wgrad_s
+
+
+def mtp_cost(sc: StepCosts, model: ModelSpec, plan: Plan) -> Stage:
+    """Per-micro-batch cost of the MTP modules on the last pipeline rank (DeepSeek-V3 §2.2; Megatron-Core
+    places them with the loss): each runs its embedding lookup, two norms and the 2h→h projection
+    (`graph.mtp`), one more block of the model's kind under the plan's recompute, and one more output
+    layer + cross-entropy."""
+    st = Stage()
+    if not (plan.mtp and model.mtp_layers):
+        return st
+    n = model.mtp_layers
+    _add_blocks(st, sc, {sc.graph.mtp_kind: n}, plan.recompute != "none")
+    for fwd, bwd in ((sc.mtp_fwd, sc.mtp_bwd), (sc.head_fwd, sc.head_bwd)):
+        st.compute += n * (fwd.compute_s + bwd.compute_s)
+        st.exposed += n * (fwd.exposed_s + bwd.exposed_s)
+        st.fwd += n * fwd.compute_s
+        st.bwd += n * bwd.compute_s
+        st.fwd_exposed += n * fwd.exposed_s
     return st
 
 
@@ -280,6 +309,11 @@ def stage_cost(sc: StepCosts, model: ModelSpec, plan: Plan, rank: int) -> Stage:
     if rank == plan.pp - 1:
         st.compute += sc.head_fwd.compute_s + sc.head_bwd.compute_s
         st.exposed += sc.head_fwd.exposed_s + sc.head_bwd.exposed_s
+        mtp = mtp_cost(sc, model, plan)
+        st.compute += mtp.compute
+        st.exposed += mtp.exposed
+        st.hidden += mtp.hidden
+        st.recompute += mtp.recompute
     st.exposed += 2 * plan.vpp * sc.p2p_s  # activations / gradients to and from the neighbouring stages
     if plan.offload_activations:  # copies to the host under forward and back under backward
         moved = plan.offload_activations * _saved_per_microbatch(sc, model, plan, layers)

@@ -87,8 +87,29 @@ def rank_params_local(model: ModelSpec, plan: Plan, rank: int) -> tuple[float, f
         if not model.tied_embeddings or plan.pp > 1:
             dense += vocab_rows
         if plan.mtp and model.mtp_layers:
-            dense += model.params_mtp / plan.tp
+            mtp_dense, mtp_expert = mtp_params_local(model, plan)
+            dense += mtp_dense + (vocab_rows if plan.pp > 1 else 0.0)
+            expert += mtp_expert
     return dense, expert
+
+
+def mtp_params_local(model: ModelSpec, plan: Plan) -> tuple[float, float]:
+    """(dense, expert) parameters of the MTP modules on one GPU of the last pipeline rank: three norms, the
+    2h→h projection (TP-split) and a block whose routed experts split over EP like any MoE layer's. The
+    embedding they look up is shared with the main model, but a last stage without it (pp > 1) keeps a
+    copy, as Megatron-Core's MTP stage does (`rank_params_local` adds it)."""
+    kind = LayerKind("full", "moe" if model.moe else "dense")
+    dense = 3 * model.norm_params + 2 * model.hidden * model.hidden / plan.tp + dense_params_local(model, plan.tp, kind)
+    return model.mtp_layers * dense, model.mtp_layers * expert_params_local(model, kind, plan.ep, plan.etp)
+
+
+def mtp_saved_bytes(model: ModelSpec, plan: Plan, graph: StageGraph) -> float:
+    """Activations one micro-batch's MTP modules save (last rank): their own ops, their block under the
+    plan's recompute and their output layer."""
+    if not (plan.mtp and model.mtp_layers):
+        return 0.0
+    per = graph.mtp.saved_bytes(plan.recompute) + graph.layers[graph.mtp_kind].saved_bytes(plan.recompute)
+    return model.mtp_layers * (per + graph.head.saved_bytes(plan.recompute))
 
 
 def stage_params_local(model: ModelSpec, plan: Plan, stage: int) -> float:
@@ -167,8 +188,8 @@ def activation_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int
     saved = chunks * chunk_layers * per_layer_mean * (1 - plan.offload_activations)
     if stage == 0:
         saved += graph.embedding.saved_bytes(plan.recompute) * chunks
-    if stage == plan.pp - 1:
-        saved += graph.head.saved_bytes(plan.recompute)  # the last stage runs each micro-batch's backward at once
+    if stage == plan.pp - 1:  # the last stage runs each micro-batch's backward at once
+        saved += graph.head.saved_bytes(plan.recompute) + mtp_saved_bytes(model, plan, graph)
     ffn = max(model.ffn_hidden, model.moe.expert_ffn * model.moe.top_k if model.moe else 0)
     grad_ws = BF16 * graph.tokens * (2 * ffn / plan.tp + model.hidden)
     return saved, worst_ws + grad_ws, chunks
@@ -181,6 +202,8 @@ def buffer_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int, ar
     per_kind = {k: layer_params_local(model, plan.tp, k, plan.ep, plan.etp) for k in counts}
     biggest = max(per_kind.values(), default=0.0)
     gathered = sum(n * per_kind[k] for k, n in counts.items())
+    if stage == plan.pp - 1:
+        gathered += sum(mtp_params_local(model, plan)) if plan.mtp else 0.0
     if (plan.fsdp or plan.zero == 3) and plan.shard_size > 1:
         # Current + prefetched gathered layers (bf16) and an unsharded fp32 gradient being reduce-scattered.
         buf += (1 + plan.fsdp_prefetch) * BF16 * biggest + FP32 * biggest

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from shardscope.costs.routing import RoutingLoad, routing_load
 from shardscope.graph.attention import attention_group
-from shardscope.graph.common import ALL, BF16, FP32, OpGroup, Shapes, gemm, norm
+from shardscope.graph.common import ALL, BF16, FP32, NOT_FULL, OpGroup, Shapes, gemm, norm
 from shardscope.graph.dit import dit_block_group, dit_embedding_group, dit_head_group
 from shardscope.graph.fp8 import quantization_bytes
 from shardscope.graph.mlp import dense_mlp_group, moe_group
@@ -34,6 +34,8 @@ class StageGraph:
     kinds: tuple[LayerKind, ...]  # the kind of each layer, in model order
     embedding: OpGroup
     head: OpGroup
+    mtp: OpGroup  # an MTP module's own ops; its block is `layers[mtp_kind]`, its output layer `head`
+    mtp_kind: LayerKind
     tokens: int  # tokens per micro-batch per GPU entering a layer (T)
     boundary_bytes: float  # activation sent between pipeline stages per micro-batch
     routing: RoutingLoad
@@ -106,6 +108,29 @@ def head_group(model: ModelSpec, plan: Plan) -> OpGroup:
     return OpGroup(tuple(ops), tuple(saved), tuple(comms))
 
 
+def mtp_group(model: ModelSpec, plan: Plan) -> OpGroup:
+    """An MTP module's own ops (DeepSeek-V3 §2.2): the next token's embedding lookup, RMSNorm of it and of
+    the main model's hidden state, and the 2h→h projection of their concatenation (TP column-parallel)."""
+    sh = Shapes.of(plan)
+    h = model.hidden
+    lookup = BF16 * sh.t_sp * h
+    enorm, estats = norm("mtp embedding norm", model, sh.t_sp)
+    hnorm, hstats = norm("mtp hidden norm", model, sh.t_sp)
+    ops = (
+        Op("mtp embedding", "memory", bytes=2 * lookup, bwd_bytes=lookup + 2 * FP32 / BF16 * lookup),
+        enorm,
+        hnorm,
+        gemm("mtp projection", sh.t, h // plan.tp, 2 * h, fp8=sh.fp8),
+    )
+    saved = (
+        Saved("mtp norm inputs", 2 * BF16 * sh.t_sp * h, ALL),
+        estats,
+        hstats,
+        Saved("mtp projection input", sh.gemm_in * sh.t * 2 * h, NOT_FULL),
+    )
+    return OpGroup(ops, saved, ())
+
+
 # The plan fields the op graph reads: plans that differ only elsewhere (pipeline, data parallel,
 # sharding, recompute, batch accumulation) share one graph, which the planner exploits.
 GRAPH_FIELDS = (
@@ -146,12 +171,15 @@ def _build_stage_graph(model: ModelSpec, plan: Plan, arch: str) -> StageGraph:
     sh = Shapes.of(plan)
     routing = routing_load(model, plan)
     kinds = model.layer_kinds()
-    layers = {k: layer_group(model, plan, arch, k, routing.hot_rank_factor) for k in dict.fromkeys(kinds)}
+    mtp_kind = LayerKind("full", "moe" if model.moe else "dense")
+    layers = {k: layer_group(model, plan, arch, k, routing.hot_rank_factor) for k in dict.fromkeys(kinds + (mtp_kind,))}
     return StageGraph(
         layers=layers,
         kinds=kinds,
         embedding=dit_embedding_group(model, plan) if model.dit else embedding_group(model, plan),
         head=dit_head_group(model, plan) if model.dit else head_group(model, plan),
+        mtp=mtp_group(model, plan),
+        mtp_kind=mtp_kind,
         tokens=sh.t,
         boundary_bytes=BF16 * sh.t_sp * model.hidden,
         routing=routing,

@@ -13,6 +13,7 @@ from typing import Literal
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
+from shardscope.plan.layout import parse_pp_layout
 
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
@@ -66,6 +67,7 @@ class Plan:
     offload_optimizer: bool = False  # optimizer states + master weights in host memory, Adam on the CPU
     offload_activations: float = 0.0  # fraction of saved activations kept in host memory
     ep_dispatch: Literal["flat", "hierarchical"] = "flat"  # hierarchical: one copy per node (DeepEP/HybridEP)
+    pp_layout: tuple[int, ...] = ()  # decoder layers per model chunk (pp·vpp of them); () = even split
 
     def stage_layers(self, layers: int) -> int:
         """Layers on the most-loaded pipeline rank."""
@@ -73,7 +75,11 @@ class Plan:
 
     def rank_layers(self, layers: int) -> tuple[tuple[int, ...], ...]:
         """Layer indices held by each pipeline rank (rank r owns chunks r, r + pp, r + 2·pp, ...)."""
-        return _rank_layers(self.pp, self.vpp, layers)
+        return _rank_layers(self.pp, self.vpp, layers, self.pp_layout)
+
+    def chunk_sizes(self, layers: int) -> list[int]:
+        """Layers per model chunk: the plan's `pp_layout`, or the default split (`chunk_sizes`)."""
+        return list(self.pp_layout) if self.pp_layout else chunk_sizes(self.pp * self.vpp, layers)
 
     @property
     def gpus(self) -> int:
@@ -135,8 +141,8 @@ def chunk_sizes(chunks: int, layers: int) -> list[int]:
 
 
 @lru_cache(maxsize=1024)
-def _rank_layers(pp: int, vpp: int, layers: int) -> tuple[tuple[int, ...], ...]:
-    sizes = chunk_sizes(pp * vpp, layers)
+def _rank_layers(pp: int, vpp: int, layers: int, layout: tuple[int, ...] = ()) -> tuple[tuple[int, ...], ...]:
+    sizes = list(layout) if layout else chunk_sizes(pp * vpp, layers)
     starts = [sum(sizes[:c]) for c in range(len(sizes))]
     chunks_of = [[r + v * pp for v in range(vpp)] for r in range(pp)]
     return tuple(tuple(i for c in chunks_of[r] for i in range(starts[c], starts[c] + sizes[c])) for r in range(pp))
@@ -150,6 +156,8 @@ def _positive(name: str, value: int) -> None:
 def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
     """Build and validate a plan; `dp` is derived as gpus / (tp·pp·cp) when left out (0/None)."""
     kw = {k: v for k, v in kw.items() if v is not None}
+    if isinstance(kw.get("pp_layout"), str):
+        kw["pp_layout"] = parse_pp_layout(kw["pp_layout"])
     dp = kw.pop("dp", 0) or 0
     if model.dit is not None:
         kw["causal"] = False  # diffusion transformers attend over the whole clip
@@ -176,9 +184,15 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
     if plan.vpp > 1 and plan.pp == 1:
         raise ShardscopeError("--vpp > 1 (interleaved schedule) needs --pp > 1")
     stages = plan.pp * plan.vpp
+    if plan.pp_layout:
+        if len(plan.pp_layout) != stages or sum(plan.pp_layout) != model.layers or min(plan.pp_layout) < 0:
+            raise ShardscopeError(
+                f"--pp-layout must give pp·vpp = {stages} chunks holding the {model.layers} layers of {model.name}, "
+                f"got {len(plan.pp_layout)} chunks holding {sum(plan.pp_layout)}"
+            )
     # Megatron can count the embedding and the loss as one pipeline slot each
     # (--account-for-embedding/loss-in-pipeline-split), so up to L + 2 model chunks are valid.
-    if stages > model.layers + 2:
+    elif stages > model.layers + 2:
         raise ShardscopeError(f"pp·vpp = {stages} exceeds the {model.layers} layers (+2) of {model.name}")
     if plan.seq_len % plan.cp:
         raise ShardscopeError(f"--cp {plan.cp} does not divide --seq-len {plan.seq_len}")

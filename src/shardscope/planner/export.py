@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from shardscope.models.spec import ModelSpec
+from shardscope.plan.layout import format_pp_layout
 from shardscope.plan.plan import Plan
 
 FORMATS = ("torchtitan", "megatron", "deepspeed")
@@ -100,6 +101,11 @@ def to_megatron(model: ModelSpec, plan: Plan) -> list[str]:
         args += ["--group-query-attention", "--num-query-groups", str(model.kv_heads)]
     if plan.vpp > 1:
         args += ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)]
+    mtp_layers = model.mtp_layers if plan.mtp else 0
+    if plan.pp_layout:
+        args += ["--pipeline-model-parallel-layout", format_pp_layout(plan.pp_layout, mtp_layers)]
+    if mtp_layers:
+        args += ["--mtp-num-layers", str(mtp_layers)]
     if plan.cp > 1:
         args += ["--cp-comm-type", "p2p" if plan.cp_kind == "ring" else "a2a"]
     if plan.ep > 1 or plan.etp > 1:

@@ -29,12 +29,13 @@ from shardscope.analytic.step import (
     layers_cost,
     make_estimate,
     memory_breakdown,
+    mtp_cost,
     optimizer_time_s,
     rank_memory,
     stage_cost,
     step_costs,
 )
-from shardscope.costs.memory import layers_saved_bytes
+from shardscope.costs.memory import layers_saved_bytes, mtp_saved_bytes
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan, chunk_sizes
@@ -86,10 +87,15 @@ def default_schedule(plan: Plan) -> str:
     return "interleaved" if plan.vpp > 1 else "1f1b"
 
 
+def _sizes(plan: Plan, chunks: int, layers: int) -> list[int]:
+    """Layers per chunk of a schedule: the plan's layout where it has that many chunks."""
+    return list(plan.pp_layout) if len(plan.pp_layout) == chunks else chunk_sizes(chunks, layers)
+
+
 def _layout(name: str, plan: Plan, layers: int) -> tuple[Layout, list[tuple[int, ...]], list[int]]:
     pp = plan.pp
     if name == "dualpipe":
-        sizes = chunk_sizes(pp, layers)
+        sizes = _sizes(plan, pp, layers)
         starts = [sum(sizes[:i]) for i in range(pp)]
         stage_layers = [tuple(range(starts[s], starts[s] + sizes[s])) for s in range(pp)]
         chunk_layers = stage_layers + stage_layers  # chunk pp + s is stage s of the upward pipeline
@@ -103,7 +109,7 @@ def _layout(name: str, plan: Plan, layers: int) -> tuple[Layout, list[tuple[int,
 
         return Layout(ranks.__getitem__, prev, nxt), chunk_layers, ranks
     n = chunks_of_schedule(name, pp, plan.vpp)
-    sizes = chunk_sizes(n, layers)
+    sizes = _sizes(plan, n, layers)
     starts = [sum(sizes[:i]) for i in range(n)]
     chunk_layers = [tuple(range(starts[c], starts[c] + sizes[c])) for c in range(n)]
     ranks = [c % pp for c in range(n)]
@@ -138,14 +144,18 @@ def _chunk_cost(
         fwd += sc.embed_fwd.compute_s + sc.embed_fwd.exposed_s + st.first_gather
         bwd += sc.embed_bwd.compute_s + sc.embed_bwd.exposed_s
     if last:
-        fwd += sc.head_fwd.compute_s + sc.head_fwd.exposed_s
-        bwd += sc.head_bwd.compute_s + sc.head_bwd.exposed_s
+        mtp = mtp_cost(sc, model, plan)
+        share = mtp.fwd / (mtp.compute or 1.0)
+        mtp_fwd = mtp.fwd + mtp.fwd_exposed + share * mtp.hidden * sc.slowdown
+        mtp_bwd = mtp.compute - mtp.fwd + mtp.exposed - mtp.fwd_exposed + (1 - share) * mtp.hidden * sc.slowdown
+        fwd += sc.head_fwd.compute_s + sc.head_fwd.exposed_s + mtp_fwd
+        bwd += sc.head_bwd.compute_s + sc.head_bwd.exposed_s + mtp_bwd
     wgrad = st.wgrad if split_w else 0.0
     policy_act = layers_saved_bytes(model, plan, sc.graph, layers, recomputed if plan.recompute == "full" else 0)
     if first:
         policy_act += sc.graph.embedding.saved_bytes(plan.recompute)
     if last:
-        policy_act += sc.graph.head.saved_bytes(plan.recompute)
+        policy_act += sc.graph.head.saved_bytes(plan.recompute) + mtp_saved_bytes(model, plan, sc.graph)
     return ChunkCost(layers, fwd, bwd - wgrad, wgrad, policy_act)
 
 

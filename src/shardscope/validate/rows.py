@@ -19,7 +19,8 @@ Defaults for blank cells (the frameworks' own recipes, never tuned to a row):
                 (flat); DeepEP / HybridEP send one copy per node (hierarchical). A Megatron row without a
                 recipe gets the flex dispatcher and the overlap wherever Megatron-Core allows it.
   MTP           DeepSeek-V3 rows train the MTP module unless the table says "w/o MTP" (the recipe's
-                default; the rows' TFLOP/s-to-tokens/s ratios include its FLOPs).
+                default; the rows' TFLOP/s-to-tokens/s ratios include its FLOPs), on the last stage.
+  PP layout     the recipe's Megatron pipeline layout where it sets one (DeepSeek-V3), else the even split.
   MoE models    structure from the catalog config (MLA, shared experts, dense layers, windows), after
                 checking the row's columns agree with it.
 """
@@ -221,6 +222,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             tp=_int(row, "tp", 1),
             pp=_int(row, "pp", 1),
             vpp=_int(row, "vpp", 1),
+            pp_layout=recipe.get("pp_layout") if recipe else None,
             cp=_int(row, "cp", 1),
             dp=_int(row, "dp", 0) or None,
             micro_batch=_int(row, "micro_batch", 1),
