@@ -298,3 +298,43 @@ def test_layout_and_mtp_export_to_megatron_arguments():
     written = args[args.index("--pipeline-model-parallel-layout") + 1]
     assert parse_pp_layout(written) == parse_pp_layout(layout) and written.endswith("tmL")
     assert args[args.index("--mtp-num-layers") + 1] == "1"
+    plan = make_plan(
+        m,
+        make_cluster("GB200", 256),
+        pp=4,
+        ep=64,
+        global_batch=256,
+        recompute="selective",
+        recompute_modules="mla_up_proj,moe_act",
+    )
+    args = to_megatron(m, plan)
+    assert args[args.index("--recompute-modules") + 1 :][:2] == ["mla_up_proj", "moe_act"]
+
+
+def test_megatron_recompute_modules_drop_what_they_rebuild():
+    """`--recompute-modules` keeps what "none" keeps minus each module's tensors: mla_up_proj rebuilds MLA's
+    q, k, v from the latents, layernorm the two norm outputs, moe_act the expert activation's outputs."""
+    from shardscope.analytic.step import step_costs
+    from shardscope.errors import ShardscopeError
+
+    m = load_model("deepseek-v3")
+    cluster = make_cluster("B200", 256)
+    kw = dict(pp=16, ep=8, global_batch=256, seq_len=4096, recompute="selective")
+    g = build_stage_graph(m, make_plan(m, cluster, **kw), "blackwell").layers[LayerKind("full", "moe")]
+    t, nh, a = 4096, m.heads, m.mla
+    none = g.saved_bytes("none")
+    qkv = 2 * t * nh * (2 * a.qk_head_dim + a.v_head_dim)
+    assert none - g.saved_bytes("selective", ("mla_up_proj",)) == qkv
+    assert none - g.saved_bytes("selective", ("layernorm",)) == 2 * 2 * t * m.hidden
+    act = 2 * t * m.moe.top_k * m.moe.expert_ffn * (1 + 1)  # silu(gate) and swiglu out, bf16
+    assert none - g.saved_bytes("selective", ("moe_act",)) == act
+    assert g.saved_bytes("selective", ("moe",)) < g.saved_bytes("selective", ("moe_act",))
+    # recompute time: the re-run modules' forward, less than a full-layer recompute
+    lite = step_costs(m, cluster, make_plan(m, cluster, recompute_modules="mla_up_proj", **kw))
+    full = step_costs(m, cluster, make_plan(m, cluster, **(kw | {"recompute": "full"})))
+    rec = lite.layers[LayerKind("full", "moe")].recompute_s
+    assert 0 < rec < full.layers[LayerKind("full", "moe")].recompute_s
+    with pytest.raises(ShardscopeError, match="unknown attn"):
+        make_plan(m, cluster, recompute_modules="attn", **kw)
+    with pytest.raises(ShardscopeError, match="needs --recompute selective"):
+        make_plan(m, cluster, recompute_modules="moe_act", **(kw | {"recompute": "none"}))

@@ -52,6 +52,10 @@ def estimate(
     reshard: Annotated[bool, typer.Option(help="FSDP reshard after forward")] = True,
     recompute: Annotated[str, typer.Option(help="activation recompute: none | selective | full")] = "none",
     recompute_layers: Annotated[int, typer.Option(help="full recompute for only this many layers per stage")] = 0,
+    recompute_modules: Annotated[
+        str | None,
+        typer.Option(help="with selective: Megatron modules to recompute, e.g. layernorm,moe_act,mla_up_proj"),
+    ] = None,
     micro_batch: Annotated[int, typer.Option(help="sequences per micro-batch per GPU")] = 1,
     global_batch: Annotated[int | None, typer.Option(help="sequences per optimizer step")] = None,
     seq_len: Annotated[int, typer.Option(help="sequence length in tokens")] = 4096,
@@ -116,6 +120,7 @@ def estimate(
             reshard_after_forward=reshard,
             recompute=recompute,
             recompute_layers=recompute_layers,
+            recompute_modules=recompute_modules,
             micro_batch=micro_batch,
             global_batch=global_batch,
             seq_len=seq_len,

@@ -159,7 +159,8 @@ def _layer_cost(
     if plan.recompute == "full":
         rec, rec_comm = fwd.compute_s, fwd.exposed_s
     elif plan.recompute == "selective":
-        rec, rec_comm = sum(op_time_s(cluster.gpu, op, False, plan) for op in unit.ops if op.cheap), 0.0
+        rec_ops = unit.recomputed_ops("selective", plan.recompute_modules)
+        rec, rec_comm = sum(op_time_s(cluster.gpu, op, False, plan) for op in rec_ops), 0.0
     else:
         rec, rec_comm = 0.0, 0.0
     exposed = hidden = ag = rs = 0.0
@@ -324,7 +325,8 @@ def stage_cost(sc: StepCosts, model: ModelSpec, plan: Plan, rank: int) -> Stage:
 
 
 def _saved_per_microbatch(sc: StepCosts, model: ModelSpec, plan: Plan, layers: tuple[int, ...]) -> float:
-    return sum(n * sc.graph.layers[k].saved_bytes(plan.recompute) for k, n in model.kind_counts(layers).items())
+    policy = plan.recompute, plan.recompute_modules
+    return sum(n * sc.graph.layers[k].saved_bytes(*policy) for k, n in model.kind_counts(layers).items())
 
 
 @dataclass(frozen=True, slots=True)

@@ -108,7 +108,8 @@ def mtp_saved_bytes(model: ModelSpec, plan: Plan, graph: StageGraph) -> float:
     plan's recompute and their output layer."""
     if not (plan.mtp and model.mtp_layers):
         return 0.0
-    per = graph.mtp.saved_bytes(plan.recompute) + graph.layers[graph.mtp_kind].saved_bytes(plan.recompute)
+    policy = plan.recompute, plan.recompute_modules
+    per = graph.mtp.saved_bytes(*policy) + graph.layers[graph.mtp_kind].saved_bytes(*policy)
     return model.mtp_layers * (per + graph.head.saved_bytes(plan.recompute))
 
 
@@ -165,7 +166,10 @@ def layers_saved_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, layers: 
     recompute and the rest under the plan's policy ("none" for the rest of a partially recomputed stage)."""
     rest = "none" if plan.recompute == "full" else plan.recompute
     total = sum(n * graph.layers[k].saved_bytes("full") for k, n in model.kind_counts(layers[:full]).items())
-    return total + sum(n * graph.layers[k].saved_bytes(rest) for k, n in model.kind_counts(layers[full:]).items())
+    return total + sum(
+        n * graph.layers[k].saved_bytes(rest, plan.recompute_modules)
+        for k, n in model.kind_counts(layers[full:]).items()
+    )
 
 
 def activation_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int) -> tuple[float, float, int]:
@@ -182,7 +186,7 @@ def activation_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int
         worst_ws = 0.0
         for kind in model.kind_counts(layers):
             g = graph.layers[kind]
-            kept = g.saved_bytes(plan.recompute)
+            kept = g.saved_bytes(plan.recompute, plan.recompute_modules)
             worst_ws = max(worst_ws, g.saved_bytes("none") - kept if plan.recompute != "none" else 0.0)
     chunk_layers = len(layers) / plan.vpp
     saved = chunks * chunk_layers * per_layer_mean * (1 - plan.offload_activations)

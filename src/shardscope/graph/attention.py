@@ -19,6 +19,7 @@ from shardscope.graph.common import (
     gemm,
     norm,
     residual,
+    tagged,
     tp_collectives,
 )
 from shardscope.graph.ops import Collective, Op, Saved
@@ -82,8 +83,8 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
     ops: list[Op] = []
     saved: list[Saved] = [Saved("layer input", BF16 * t_sp * h, ALL)]
     norm1, stats1 = norm("attn norm", model, t_sp)
-    ops.append(norm1)
-    saved += [stats1, Saved("attn norm out (qkv input)", sh.gemm_in * t_sp * h, NONE_ONLY)]
+    ops += tagged([norm1], "layernorm")
+    saved += [stats1, *tagged([Saved("attn norm out (qkv input)", sh.gemm_in * t_sp * h, NONE_ONLY)], "layernorm")]
 
     if model.mla:
         a = model.mla
@@ -92,7 +93,7 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
         if a.q_lora_rank:
             ops.append(gemm("q down proj", t, a.q_lora_rank, h, sh.fp8))
             qn, qs = norm("q latent norm", model, t, a.q_lora_rank)
-            ops += [qn, gemm("q up proj", t, nh * qk_hd, a.q_lora_rank, sh.fp8)]
+            ops += [qn, *tagged([gemm("q up proj", t, nh * qk_hd, a.q_lora_rank, sh.fp8)], "mla_up_proj")]
             saved += [
                 qs,
                 Saved("q latent (norm input)", BF16 * t * a.q_lora_rank, NONE_ONLY),
@@ -102,16 +103,18 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
             ops.append(gemm("q proj", t, nh * qk_hd, h, sh.fp8))
         ops.append(gemm("kv down proj", t, a.kv_lora_rank + a.qk_rope_head_dim, h, sh.fp8))
         kn, ks = norm("kv latent norm", model, t, a.kv_lora_rank)
-        ops += [kn, gemm("kv up proj", t, nh * (a.qk_nope_head_dim + v_hd), a.kv_lora_rank, sh.fp8)]
+        ops += [
+            kn,
+            *tagged([gemm("kv up proj", t, nh * (a.qk_nope_head_dim + v_hd), a.kv_lora_rank, sh.fp8)], "mla_up_proj"),
+        ]
         saved += [
             ks,
             Saved("kv latent (norm input)", BF16 * t * (a.kv_lora_rank + a.qk_rope_head_dim), NONE_ONLY),
             Saved("kv latent normed (kv up input)", sh.gemm_in * t * a.kv_lora_rank, NONE_ONLY),
         ]
         rope_width = nh * a.qk_rope_head_dim + a.qk_rope_head_dim
-        ops.append(
-            Op("rope", "memory", bytes=2 * BF16 * t * rope_width, bwd_bytes=2 * BF16 * t * rope_width, cheap=True)
-        )
+        rope = Op("rope", "memory", bytes=2 * BF16 * t * rope_width, bwd_bytes=2 * BF16 * t * rope_width, cheap=True)
+        ops += tagged([rope], "mla_up_proj")
         q_w, k_w, v_w = nh * qk_hd, nh * qk_hd, nh * v_hd
         fp8_inputs = t * (h + (a.q_lora_rank or 0) + a.kv_lora_rank + nh * v_hd) + (t * h if a.q_lora_rank else 0)
         fp8_grads = t * (
@@ -139,12 +142,16 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
         fp8_grads = t * (q_w + k_w + v_w + h)
         kv_ring, a2a_w = k_w + v_w, 2 * q_w + k_w + v_w
 
-    saved.append(Saved("q, k, v", BF16 * t * (q_w + k_w + v_w), NOT_FULL))
+    # MLA's q, k, v are rebuilt from the latents by the mla_up_proj recompute module
+    qkv = Saved("q, k, v", BF16 * t * (q_w + k_w + v_w), NOT_FULL)
+    saved += tagged([qkv], "mla_up_proj") if model.mla else [qkv]
     core_ops, core_saved = _core_attention(model, plan, kind, nh, qk_hd, v_hd)
-    ops += core_ops
-    saved += core_saved
+    ops += tagged(core_ops, "core_attn")
+    saved += tagged(core_saved, "core_attn")
     out_w = nh * v_hd
-    saved.append(Saved("attention out", BF16 * t * out_w, NOT_FULL))
+    # the attention output is also the out-projection's saved input, unless that keeps an FP8 copy
+    out = Saved("attention out", BF16 * t * out_w, NOT_FULL)
+    saved += tagged([out], "core_attn") if sh.fp8 else [out]
     if sh.fp8:
         saved.append(Saved("attention out (fp8 copy for out proj)", t * out_w, NONE_ONLY))
     ops.append(gemm("out proj", t, h, out_w, sh.fp8))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardscope.graph.ops import Collective, Op, Saved
 from shardscope.models.spec import ModelSpec
@@ -12,6 +12,12 @@ ALL = frozenset({"none", "selective", "full"})
 NOT_FULL = frozenset({"none", "selective"})
 NONE_ONLY = frozenset({"none"})
 SELECTIVE_ONLY = frozenset({"selective"})
+
+# Megatron-Core `--recompute-modules` (selective granularity): each re-runs its ops in backward instead of
+# keeping what they save. layernorm: the input and pre-MLP norms; mla_up_proj: MLA up-projections + RoPE
+# (q, k, v are rebuilt from the latents); core_attn: the attention kernel; moe_act / mlp / moe /
+# shared_experts: the routed experts' activation, a dense MLP, a whole MoE block, the shared experts.
+MEGATRON_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe", "shared_experts")
 
 BF16 = 2  # bytes per activation element in bf16/fp16 mixed precision
 FP32 = 4
@@ -26,8 +32,19 @@ class OpGroup:
     comms: tuple[Collective, ...]
     attn_ops: int = 0  # a layer: how many leading ops form its attention half (the rest: the MLP half)
 
-    def saved_bytes(self, policy: str) -> float:
+    def saved_bytes(self, policy: str, modules: tuple[str, ...] = ()) -> float:
+        """Bytes kept under `policy`; "selective" with Megatron `modules` keeps what "none" keeps except
+        the tensors those modules recompute."""
+        if policy == "selective" and modules:
+            return sum(s.bytes for s in self.saved if "none" in s.policies and not s.modules.intersection(modules))
         return sum(s.bytes for s in self.saved if policy in s.policies)
+
+    def recomputed_ops(self, policy: str, modules: tuple[str, ...] = ()) -> list[Op]:
+        """Ops that "selective" recompute re-runs in backward: those of the Megatron `modules`, or the
+        cheap ones (norms, activations, rope) of op-level selective checkpointing."""
+        if modules:
+            return [op for op in self.ops if op.modules.intersection(modules)]
+        return [op for op in self.ops if op.cheap]
 
     def __add__(self, other: OpGroup) -> OpGroup:
         ops, saved, comms = self.ops + other.ops, self.saved + other.saved, self.comms + other.comms
@@ -52,6 +69,11 @@ class Shapes:
     def gemm_in(self) -> int:
         """Bytes per element of a saved GEMM input (an FP8 GEMM saves it quantized)."""
         return 1 if self.fp8 else BF16
+
+
+def tagged(items: list, *modules: str) -> list:
+    """`items` (ops or saved tensors) marked as re-run / dropped by these Megatron recompute modules."""
+    return [replace(x, modules=x.modules | frozenset(modules)) for x in items]
 
 
 def norm(name: str, model: ModelSpec, tokens: float, width: int | None = None) -> tuple[Op, Saved]:

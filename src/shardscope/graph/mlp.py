@@ -21,6 +21,7 @@ from shardscope.graph.common import (
     gemm,
     norm,
     residual,
+    tagged,
     tp_collectives,
 )
 from shardscope.graph.ops import Collective, HiddenBy, Op, Phase, Saved
@@ -28,8 +29,19 @@ from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan
 
 
-def _ffn(model: ModelSpec, name: str, tokens: float, ffn: int, fp8: bool, gemm_in: int, groups: int = 1):
-    """Gate/up GEMM, activation, down GEMM on `tokens` rows of width `ffn` (already TP/ETP-split)."""
+def _ffn(
+    model: ModelSpec,
+    name: str,
+    tokens: float,
+    ffn: int,
+    fp8: bool,
+    gemm_in: int,
+    groups: int = 1,
+    modules: tuple[str, ...] = ("mlp",),
+    act_module: str = "",
+):
+    """Gate/up GEMM, activation, down GEMM on `tokens` rows of width `ffn` (already TP/ETP-split), all
+    tagged with the Megatron recompute `modules` that re-run them (and the activation with `act_module`)."""
     h = model.hidden
     ops: list[Op] = []
     saved: list[Saved] = []
@@ -58,15 +70,21 @@ def _ffn(model: ModelSpec, name: str, tokens: float, ffn: int, fp8: bool, gemm_i
     ops.append(gemm(f"{pre}down proj", tokens, h, ffn, fp8, groups))
     fp8_inputs = tokens * (h + ffn)
     fp8_grads = tokens * (up_width + h)
-    return ops, saved, fp8_inputs, fp8_grads
+    if act_module:  # the activation op and the two tensors after it
+        ops[1:2] = tagged(ops[1:2], act_module)
+        saved[1:] = tagged(saved[1:], act_module)
+    return tagged(ops, *modules), tagged(saved, *modules), fp8_inputs, fp8_grads
 
 
 def dense_mlp_group(model: ModelSpec, plan: Plan) -> tuple[OpGroup, float, float]:
     sh = Shapes.of(plan)
     t, t_sp, h = sh.t, sh.t_sp, model.hidden
     norm2, stats2 = norm("mlp norm", model, t_sp)
-    ops: list[Op] = [norm2]
-    saved: list[Saved] = [stats2, Saved("mlp norm out (mlp input)", sh.gemm_in * t_sp * h, NONE_ONLY)]
+    ops: list[Op] = tagged([norm2], "layernorm")
+    saved: list[Saved] = [
+        stats2,
+        *tagged([Saved("mlp norm out (mlp input)", sh.gemm_in * t_sp * h, NONE_ONLY)], "layernorm"),
+    ]
     f_ops, f_saved, fi, fg = _ffn(model, "", t, model.ffn_hidden // plan.tp, sh.fp8, sh.gemm_in)
     ops += f_ops + [residual("mlp residual add", model, t_sp)]
     saved += f_saved + [Saved("down proj out", BF16 * t_sp * h, SELECTIVE_ONLY)]
@@ -85,8 +103,10 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     fe = moe.expert_ffn // plan.etp
 
     norm2, stats2 = norm("mlp norm", model, t_sp)
-    ops: list[Op] = [norm2]
-    saved: list[Saved] = [stats2, Saved("mlp norm out (mlp input)", BF16 * t_sp * h, NONE_ONLY)]
+    ops: list[Op] = tagged([norm2], "layernorm")
+    saved: list[Saved] = [stats2, *tagged([Saved("mlp norm out (mlp input)", BF16 * t_sp * h, NONE_ONLY)], "layernorm")]
+    # Everything from the router to the un-permute belongs to Megatron's "moe" recompute module.
+    moe_start = len(ops), len(saved)
     comms: list[Collective] = []
     # Router: a small GEMM to expert logits, fp32 softmax/sigmoid + top-k.
     ops.append(gemm("router", tm, moe.experts, h))
@@ -121,7 +141,9 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
             Collective("etp reduce-scatter tokens", "reduce_scatter", "etp", dispatch * plan.etp, "bwd"),
         ]
     saved.append(Saved("permuted tokens (expert input)", sh.gemm_in * routed * h, NOT_FULL))
-    e_ops, e_saved, fi, fg = _ffn(model, "experts", routed, fe, sh.fp8, sh.gemm_in, groups=local_experts)
+    e_ops, e_saved, fi, fg = _ffn(
+        model, "experts", routed, fe, sh.fp8, sh.gemm_in, local_experts, modules=(), act_module="moe_act"
+    )
     ops += e_ops
     saved += e_saved + [Saved("expert outputs", BF16 * routed * h, NOT_FULL)]
     if plan.etp > 1:
@@ -132,9 +154,17 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     if plan.ep > 1:
         comms += [a2a("combine", "fwd", "bwd_attn"), a2a("combine", "bwd", "fwd_attn")]
     ops.append(Op("unpermute + weighted sum", "memory", bytes=perm + BF16 * tm * h, bwd_bytes=2 * perm + BF16 * tm * h))
+    ops[moe_start[0] :] = tagged(ops[moe_start[0] :], "moe")
+    saved[moe_start[1] :] = tagged(saved[moe_start[1] :], "moe")
     if moe.shared_experts:
         s_ops, s_saved, si, sg = _ffn(
-            model, "shared expert", t, moe.shared_experts * moe.shared_ffn // plan.tp, sh.fp8, sh.gemm_in
+            model,
+            "shared expert",
+            t,
+            moe.shared_experts * moe.shared_ffn // plan.tp,
+            sh.fp8,
+            sh.gemm_in,
+            modules=("moe", "shared_experts"),
         )
         ops += s_ops
         saved += s_saved

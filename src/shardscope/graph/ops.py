@@ -35,6 +35,7 @@ class Op:
     cheap: bool = False
     fp8: bool = False  # a GEMM that an FP8 recipe runs in FP8 (fwd, dgrad and wgrad)
     groups: int = 1  # grouped GEMM: `groups` problems of M/groups rows each (MoE experts)
+    modules: frozenset[str] = frozenset()  # Megatron recompute modules that re-run it (see MEGATRON_MODULES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,7 @@ class Saved:
     name: str
     bytes: float
     policies: frozenset[str]
+    modules: frozenset[str] = frozenset()  # Megatron recompute modules that drop it (see MEGATRON_MODULES)
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,7 @@ class Plan:
     reshard_after_forward: bool = True
     recompute: Recompute = "none"
     recompute_layers: int = 0
+    recompute_modules: tuple[str, ...] = ()  # with "selective": Megatron-Core modules recomputed (else op-level)
     micro_batch: int = 1
     global_batch: int = 1
     seq_len: int = 2048
@@ -156,6 +157,8 @@ def _positive(name: str, value: int) -> None:
 def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
     """Build and validate a plan; `dp` is derived as gpus / (tp·pp·cp) when left out (0/None)."""
     kw = {k: v for k, v in kw.items() if v is not None}
+    if isinstance(kw.get("recompute_modules"), str):
+        kw["recompute_modules"] = tuple(m.strip() for m in kw["recompute_modules"].split(",") if m.strip())
     if isinstance(kw.get("pp_layout"), str):
         kw["pp_layout"] = parse_pp_layout(kw["pp_layout"])
     dp = kw.pop("dp", 0) or 0
@@ -203,6 +206,16 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         )
     if plan.shard_group and (plan.shard_group <= 0 or (dp * plan.cp) % plan.shard_group):
         raise ShardscopeError(f"--shard-group {plan.shard_group} must divide dp·cp = {dp * plan.cp}")
+    if plan.recompute_modules:
+        from shardscope.graph.common import MEGATRON_MODULES
+
+        unknown = sorted(set(plan.recompute_modules) - set(MEGATRON_MODULES))
+        if unknown:
+            raise ShardscopeError(
+                f"--recompute-modules: unknown {', '.join(unknown)}; choose from {', '.join(MEGATRON_MODULES)}"
+            )
+        if plan.recompute != "selective":
+            raise ShardscopeError("--recompute-modules needs --recompute selective (Megatron's selective granularity)")
     if plan.recompute_layers < 0:
         raise ShardscopeError(f"--recompute-layers must be >= 0, got {plan.recompute_layers}")
     if plan.precision not in ("bf16", "fp16", "fp8"):

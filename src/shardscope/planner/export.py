@@ -134,6 +134,8 @@ def to_megatron(model: ModelSpec, plan: Plan) -> list[str]:
         ]
     elif plan.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
+        if plan.recompute_modules:
+            args += ["--recompute-modules", *plan.recompute_modules]
     args.append("--bf16")
     if plan.precision == "fp8":
         args += ["--fp8-format", "hybrid", "--fp8-recipe", plan.fp8_recipe]

@@ -13,7 +13,8 @@ Defaults for blank cells (the frameworks' own recipes, never tuned to a row):
   causal skip   off for llm-foundry: its triton flash attention takes ALiBi and the causal mask as one
                 additive bias, so every block of the score matrix is computed.
   TP overlap    on for Megatron-Bridge/NeMo perf recipes (they enable `tp_comm_overlap`), off otherwise.
-  MoE recipes   Megatron-Bridge MoE rows take recompute, the all-to-all overlap and the dispatcher from the
+  MoE recipes   Megatron-Bridge MoE rows take recompute (Megatron's recompute modules), the all-to-all
+                overlap, the dispatcher and the pipeline layout from the
                 perf recipe that produced them (`megatron_bridge_recipes.yaml`, read from the repository at
                 the commit that published the row). NCCL `alltoall` sends a copy per token-expert pair
                 (flat); DeepEP / HybridEP send one copy per node (hierarchical). A Megatron row without a
@@ -230,6 +231,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             seq_len=_int(row, "seq_len"),
             recompute=recompute,
             recompute_layers=recompute_layers,
+            recompute_modules=tuple(recipe["recompute_modules"]) if recipe and recompute == "selective" else None,
             precision="fp8" if precision == "fp8" else "bf16",
             fp8_recipe=fp8_recipe(row) if precision == "fp8" else "tensorwise",
             attention_kernel=_attention_kernel(row),
