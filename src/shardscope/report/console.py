@@ -16,10 +16,12 @@ def print_estimate(est: Estimate, console: Console | None = None) -> None:
     console = console or Console()
     p = est.plan
     mem, t = est.memory, est.time
+    modules = f" ({', '.join(p['recompute_modules'])})" if p.get("recompute_modules") else ""
     head = (
         f"[bold]{est.model}[/] on {est.gpus}× {est.gpu} — TP{p['tp']} PP{p['pp']}"
         f"{'×' + str(p['vpp']) if p['vpp'] > 1 else ''} CP{p['cp']} DP{p['dp']} {p['sharding']}, "
-        f"recompute {p['recompute']}, micro-batch {p['micro_batch']} × {p['grad_accum']} accum, "
+        f"recompute {p['recompute']}{modules}, "
+        f"micro-batch {p['micro_batch']} × {p['grad_accum']} accum, "
         f"global batch {p['global_batch']} × {p['seq_len']} tokens"
     )
     console.print(head)
