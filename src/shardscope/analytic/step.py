@@ -159,7 +159,7 @@ def _layer_cost(
     if plan.recompute == "full":
         rec, rec_comm = fwd.compute_s, fwd.exposed_s
     elif plan.recompute == "selective":
-        rec_ops = unit.recomputed_ops("selective", plan.recompute_modules)
+        rec_ops = unit.recomputed_ops(plan.recompute_modules)
         rec, rec_comm = sum(op_time_s(cluster.gpu, op, False, plan) for op in rec_ops), 0.0
     else:
         rec, rec_comm = 0.0, 0.0
@@ -289,7 +289,7 @@ def mtp_cost(sc: StepCosts, model: ModelSpec, plan: Plan) -> Stage:
     if not (plan.mtp and model.mtp_layers):
         return st
     n = model.mtp_layers
-    _add_blocks(st, sc, {sc.graph.mtp_kind: n}, plan.recompute != "none")
+    _add_blocks(st, sc, {model.mtp_kind: n}, plan.recompute != "none")
     for fwd, bwd in ((sc.mtp_fwd, sc.mtp_bwd), (sc.head_fwd, sc.head_bwd)):
         st.compute += n * (fwd.compute_s + bwd.compute_s)
         st.exposed += n * (fwd.exposed_s + bwd.exposed_s)
@@ -395,7 +395,7 @@ def step_flops(model: ModelSpec, plan: Plan, graph: StageGraph) -> tuple[float, 
     tokens = plan.global_batch * plan.seq_len
     model_flops = tokens * model_flops_per_token(model, plan.seq_len, plan.causal)
     if plan.mtp and model.mtp_layers:  # each MTP module: one more block and output-layer pass per token
-        kind = LayerKind("full", "moe" if model.moe else "dense")
+        kind = model.mtp_kind
         mtp_fwd = 2.0 * (model.matmul_params_per_token(kind) + model.vocab * model.hidden + 2 * model.hidden**2)
         model_flops += tokens * 3.0 * model.mtp_layers * mtp_fwd
     recompute_flops = 0.0

@@ -98,7 +98,7 @@ def mtp_params_local(model: ModelSpec, plan: Plan) -> tuple[float, float]:
     2h→h projection (TP-split) and a block whose routed experts split over EP like any MoE layer's. The
     embedding they look up is shared with the main model, but a last stage without it (pp > 1) keeps a
     copy, as Megatron-Core's MTP stage does (`rank_params_local` adds it)."""
-    kind = LayerKind("full", "moe" if model.moe else "dense")
+    kind = model.mtp_kind
     dense = 3 * model.norm_params + 2 * model.hidden * model.hidden / plan.tp + dense_params_local(model, plan.tp, kind)
     return model.mtp_layers * dense, model.mtp_layers * expert_params_local(model, kind, plan.ep, plan.etp)
 
@@ -109,7 +109,7 @@ def mtp_saved_bytes(model: ModelSpec, plan: Plan, graph: StageGraph) -> float:
     if not (plan.mtp and model.mtp_layers):
         return 0.0
     policy = plan.recompute, plan.recompute_modules
-    per = graph.mtp.saved_bytes(*policy) + graph.layers[graph.mtp_kind].saved_bytes(*policy)
+    per = graph.mtp.saved_bytes(*policy) + graph.layers[model.mtp_kind].saved_bytes(*policy)
     return model.mtp_layers * (per + graph.head.saved_bytes(plan.recompute))
 
 

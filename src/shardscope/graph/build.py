@@ -34,8 +34,7 @@ class StageGraph:
     kinds: tuple[LayerKind, ...]  # the kind of each layer, in model order
     embedding: OpGroup
     head: OpGroup
-    mtp: OpGroup  # an MTP module's own ops; its block is `layers[mtp_kind]`, its output layer `head`
-    mtp_kind: LayerKind
+    mtp: OpGroup  # an MTP module's own ops; its block is `layers[model.mtp_kind]`, its output layer `head`
     tokens: int  # tokens per micro-batch per GPU entering a layer (T)
     boundary_bytes: float  # activation sent between pipeline stages per micro-batch
     routing: RoutingLoad
@@ -171,15 +170,14 @@ def _build_stage_graph(model: ModelSpec, plan: Plan, arch: str) -> StageGraph:
     sh = Shapes.of(plan)
     routing = routing_load(model, plan)
     kinds = model.layer_kinds()
-    mtp_kind = LayerKind("full", "moe" if model.moe else "dense")
-    layers = {k: layer_group(model, plan, arch, k, routing.hot_rank_factor) for k in dict.fromkeys(kinds + (mtp_kind,))}
+    blocks = kinds + ((model.mtp_kind,) if model.mtp_layers else ())  # an MTP module adds a block of its kind
+    layers = {k: layer_group(model, plan, arch, k, routing.hot_rank_factor) for k in dict.fromkeys(blocks)}
     return StageGraph(
         layers=layers,
         kinds=kinds,
         embedding=dit_embedding_group(model, plan) if model.dit else embedding_group(model, plan),
         head=dit_head_group(model, plan) if model.dit else head_group(model, plan),
         mtp=mtp_group(model, plan),
-        mtp_kind=mtp_kind,
         tokens=sh.t,
         boundary_bytes=BF16 * sh.t_sp * model.hidden,
         routing=routing,

@@ -39,7 +39,7 @@ class OpGroup:
             return sum(s.bytes for s in self.saved if "none" in s.policies and not s.modules.intersection(modules))
         return sum(s.bytes for s in self.saved if policy in s.policies)
 
-    def recomputed_ops(self, policy: str, modules: tuple[str, ...] = ()) -> list[Op]:
+    def recomputed_ops(self, modules: tuple[str, ...] = ()) -> list[Op]:
         """Ops that "selective" recompute re-runs in backward: those of the Megatron `modules`, or the
         cheap ones (norms, activations, rope) of op-level selective checkpointing."""
         if modules:

@@ -321,12 +321,17 @@ class ModelSpec:
         return self.params_total - self.moe_layers * idle
 
     @property
+    def mtp_kind(self) -> LayerKind:
+        """The kind of block an MTP module adds (a MoE block in a MoE model)."""
+        return LayerKind("full", "moe" if self.moe else "dense")
+
+    @property
     def params_mtp(self) -> int:
         """DeepSeek-V3 multi-token-prediction modules: two norms, a 2h→h projection and one more block
         each (the embedding and output head are shared with the main model)."""
         if not self.mtp_layers:
             return 0
-        block = self.layer_params_of(LayerKind("full", "moe" if self.moe else "dense"))
+        block = self.layer_params_of(self.mtp_kind)
         return self.mtp_layers * (2 * self.norm_params + 2 * self.hidden * self.hidden + block + self.norm_params)
 
     def matmul_params_per_token(self, kind: LayerKind) -> int:

@@ -78,10 +78,6 @@ class Plan:
         """Layer indices held by each pipeline rank (rank r owns chunks r, r + pp, r + 2·pp, ...)."""
         return _rank_layers(self.pp, self.vpp, layers, self.pp_layout)
 
-    def chunk_sizes(self, layers: int) -> list[int]:
-        """Layers per model chunk: the plan's `pp_layout`, or the default split (`chunk_sizes`)."""
-        return list(self.pp_layout) if self.pp_layout else chunk_sizes(self.pp * self.vpp, layers)
-
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.cp * self.dp
@@ -129,10 +125,12 @@ class Plan:
         return min(self.recompute_layers, stage_layers) if self.recompute_layers else stage_layers
 
 
-def chunk_sizes(chunks: int, layers: int) -> list[int]:
-    """Layers per model chunk. An uneven split gives the extra layers to the middle chunks, keeping the
-    first (embedding) and last (output layer) chunks light, as Megatron's uneven layouts and Llama 3's
-    126 layers on 16 stages do."""
+def chunk_sizes(chunks: int, layers: int, layout: tuple[int, ...] = ()) -> list[int]:
+    """Layers per model chunk: a pipeline `layout` with that many chunks (`Plan.pp_layout`), else an even
+    split. An uneven split gives the extra layers to the middle chunks, keeping the first (embedding) and
+    last (output layer) chunks light, as Megatron's uneven layouts and Llama 3's 126 layers on 16 stages do."""
+    if len(layout) == chunks:
+        return list(layout)
     base, extra = divmod(layers, chunks)
     sizes = [base] * chunks
     order = list(range(1, chunks - 1)) + [chunks - 1, 0] if chunks > 2 else list(range(chunks))
@@ -143,7 +141,7 @@ def chunk_sizes(chunks: int, layers: int) -> list[int]:
 
 @lru_cache(maxsize=1024)
 def _rank_layers(pp: int, vpp: int, layers: int, layout: tuple[int, ...] = ()) -> tuple[tuple[int, ...], ...]:
-    sizes = list(layout) if layout else chunk_sizes(pp * vpp, layers)
+    sizes = chunk_sizes(pp * vpp, layers, layout)
     starts = [sum(sizes[:c]) for c in range(len(sizes))]
     chunks_of = [[r + v * pp for v in range(vpp)] for r in range(pp)]
     return tuple(tuple(i for c in chunks_of[r] for i in range(starts[c], starts[c] + sizes[c])) for r in range(pp))

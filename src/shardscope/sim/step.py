@@ -87,15 +87,10 @@ def default_schedule(plan: Plan) -> str:
     return "interleaved" if plan.vpp > 1 else "1f1b"
 
 
-def _sizes(plan: Plan, chunks: int, layers: int) -> list[int]:
-    """Layers per chunk of a schedule: the plan's layout where it has that many chunks."""
-    return list(plan.pp_layout) if len(plan.pp_layout) == chunks else chunk_sizes(chunks, layers)
-
-
 def _layout(name: str, plan: Plan, layers: int) -> tuple[Layout, list[tuple[int, ...]], list[int]]:
     pp = plan.pp
     if name == "dualpipe":
-        sizes = _sizes(plan, pp, layers)
+        sizes = chunk_sizes(pp, layers, plan.pp_layout)
         starts = [sum(sizes[:i]) for i in range(pp)]
         stage_layers = [tuple(range(starts[s], starts[s] + sizes[s])) for s in range(pp)]
         chunk_layers = stage_layers + stage_layers  # chunk pp + s is stage s of the upward pipeline
@@ -109,7 +104,7 @@ def _layout(name: str, plan: Plan, layers: int) -> tuple[Layout, list[tuple[int,
 
         return Layout(ranks.__getitem__, prev, nxt), chunk_layers, ranks
     n = chunks_of_schedule(name, pp, plan.vpp)
-    sizes = _sizes(plan, n, layers)
+    sizes = chunk_sizes(n, layers, plan.pp_layout)
     starts = [sum(sizes[:i]) for i in range(n)]
     chunk_layers = [tuple(range(starts[c], starts[c] + sizes[c])) for c in range(n)]
     ranks = [c % pp for c in range(n)]
