@@ -108,6 +108,7 @@ class ModelSpec:
     ffn_hidden: int  # dense MLP intermediate size
     vocab: int
     mlp: MlpKind = "swiglu"
+    glu_gate: Literal["silu", "quick_gelu"] = "silu"  # gate of a gated MLP: x·σ(x), or x·σ(1.702x) (GPT-OSS)
     norm: NormKind = "rmsnorm"
     norm_bias: bool = False
     qkv_bias: bool = False

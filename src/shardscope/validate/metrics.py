@@ -4,11 +4,17 @@ Definitions (see shared/validation/SOURCES.md):
   megatron2021_eq3  F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) per step (counts the recompute forward).
   mosaic_6n_attn    per sequence 6·N·s + 3·l·2·2·d·s² (N = exact NumParams from the row's notes).
   palm              per token 6·N + 12·l·H·Q·T (Chowdhery et al. 2022, App. B).
-  megatron_bridge   3x forward FLOPs (Megatron `num_floating_point_operations`): per token
-                    12·l·h²·[(1 + g/a + s/h·c)·q/h + (f/h)·(3/2 if gated else 1)] + 6·h·V, where c = 1/2
-                    (causal) in Megatron-Bridge containers; NeMo 24.07 counted full attention (c = 1),
-                    as the TFLOP/s-to-tokens/s ratio of its rows shows (e.g. Llama-3 70B: 4.81e11 per
-                    token = the c = 1 value, vs 4.49e11 for c = 1/2). MoE/MLA models: see below.
+  megatron_bridge   3x forward FLOPs (Megatron-Bridge `flop_utils.py`, Megatron `num_floating_point_operations`):
+                    per token 12·l·h²·[(1 + g/a + k/h)·q/h + (f/h)·m] + 6·h·V, with k the keys a query
+                    sees (s/2 causal) and m = 3/2 for a gated MLP (f = top-k x expert size + shared
+                    experts on MoE layers). NeMo 24.07 counted full attention (k = s), as the TFLOP/s-to-
+                    tokens/s ratio of its rows shows (e.g. Llama-3 70B: 4.81e11 per token = the k = s
+                    value, vs 4.49e11 for k = s/2). Before Megatron-Bridge v0.5.0 (commit baa0259bd; the
+                    26.06 container) m = 3/2 only for a SiLU gate (GPT-OSS's x·σ(1.702x) gate counted 1)
+                    and sliding-window layers counted as full causal ones (k = s/2); from it, every gate
+                    counts 3/2 and a window of w keys counts k = w − w(w−1)/(2s). The GPT-OSS rows'
+                    TFLOP/s-to-tokens/s ratios show both: 2.72e10 per token up to 26.04.01, 3.26e10 in
+                    26.08. MLA models (DeepSeek): see below.
 MFU rows divide by the source's stated peak; where a source gives none, the GPU's datasheet peak.
 """
 
@@ -43,26 +49,46 @@ def flops_per_step(defn: str, model: ModelSpec, est: Estimate, notes: str, sourc
         return b * (6.0 * n * s + 3.0 * n_layers * 2 * 2 * h * s * s)
     if defn == "palm":
         return tokens * (6.0 * model.params_total + 12.0 * n_layers * model.heads * model.head_dim * s)
-    if defn == "megatron_bridge" and (model.moe or model.mla):
-        # Megatron's MoE/MLA count (num_floating_point_operations): 6 x every weight a token multiplies
-        # (top-k experts, shared experts, MLA projections, output layer; MTP when trained) + causal
-        # attention — the definition of our own model FLOPs, which reproduces the rows' TFLOP/s-to-
-        # tokens/s ratios within 0.5% (Qwen3, DeepSeek-V3).
+    if defn == "megatron_bridge" and model.mla:
+        # Megatron's MLA count (6 x every weight a token multiplies: MLA projections, top-k and shared
+        # experts, output layer, MTP when trained + causal attention) is the definition of our own model
+        # FLOPs, which reproduces the DeepSeek-V3 rows' TFLOP/s-to-tokens/s ratios within 0.5%.
         return est.model_flops_per_step
     if defn == "megatron_bridge":
-        causal = 1.0 if source == "NEMO_2407_PERF" else 0.5
-        q_ratio = model.q_dim / h
-        gated = 1.5 if model.mlp == "swiglu" else 1.0
-        per_token = (
-            12.0
-            * n_layers
-            * h
-            * h
-            * ((1 + model.kv_heads / model.heads + s / h * causal) * q_ratio + model.ffn_hidden / h * gated)
-            + 6.0 * h * v
-        )
-        return tokens * per_token
+        return tokens * megatron_bridge_flops_per_token(model, s, source, _container(notes))
     return None
+
+
+def _container(notes: str) -> tuple[int, ...]:
+    match = re.search(r"NeMo container ([\d.]+)", notes)
+    return tuple(int(x) for x in match.group(1).split(".")) if match else ()
+
+
+# The first container whose Megatron-Bridge counts every gated MLP at 3/2 and sliding windows exactly.
+MBRIDGE_EXACT_GLU_AND_WINDOW = (26, 6)
+
+
+def megatron_bridge_flops_per_token(model: ModelSpec, s: int, source: str, container: tuple[int, ...]) -> float:
+    """Megatron-Bridge's FLOPs per token of a non-MLA model (see the module docstring)."""
+    h = model.hidden
+    exact = container >= MBRIDGE_EXACT_GLU_AND_WINDOW
+    gated = model.mlp == "swiglu" and (exact or model.glu_gate == "silu")
+    m = 1.5 if gated else 1.0
+    q_ratio = model.q_dim / h
+    total = 0.0
+    for kind in model.layer_kinds():
+        if source == "NEMO_2407_PERF":
+            keys = float(s)
+        elif exact and kind.attention == "window":
+            w = model.attention_window + 1  # Megatron's window (w, 0) plus the query's own key
+            keys = w - w * (w - 1) / (2 * s)
+        else:
+            keys = s / 2
+        ffn = model.ffn_hidden
+        if kind.mlp == "moe" and model.moe is not None:
+            ffn = model.moe.top_k * model.moe.expert_ffn + model.moe.shared_experts * model.moe.shared_ffn
+        total += (1 + model.kv_heads / model.heads + keys / h) * q_ratio + ffn / h * m
+    return 12.0 * h * h * total + 6.0 * h * model.vocab
 
 
 def predicted_metric(metric: str, defn: str, model: ModelSpec, est: Estimate, row: dict[str, str]) -> float | None:
