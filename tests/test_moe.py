@@ -3,14 +3,16 @@ principles (brute-force counts), plus memory invariants."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardscope
-from shardscope.costs.comm import hierarchical_remote_copies
-from shardscope.costs.routing import expert_popularity, routing_load
+from shardscope.costs.routing import bin_hit_probability, expert_popularity, routing_load
 from shardscope.graph.build import build_stage_graph
+from shardscope.graph.ops import TokenFanout
 from shardscope.hardware.catalog import make_cluster
 from shardscope.models.catalog import load_model
 from shardscope.models.spec import LayerKind
@@ -109,10 +111,43 @@ def test_all_to_all_volume_for_balanced_routing():
     assert {c.bytes for c in dispatch} == {tokens * m.moe.top_k * m.hidden * 2}
 
 
-def test_hierarchical_dispatch_copies():
-    assert hierarchical_remote_copies(1, 2) == pytest.approx(0.5)  # one expert: half land on the other node
-    assert hierarchical_remote_copies(8, 4) == pytest.approx(3 * (1 - 0.75**8))
-    assert hierarchical_remote_copies(8, 4) < 8 * 3 / 4  # fewer than the flat all-to-all's copies
+def _brute_bin_hit(experts: int, k: int, groups: int, per_token: int, bins: int) -> float:
+    """Enumerate every group choice and every k-subset of their experts: the fraction hitting bin 0."""
+    from itertools import combinations
+
+    size = experts // groups
+    hits = total = 0
+    for chosen in combinations(range(groups), per_token):
+        pool = [e for g in chosen for e in range(g * size, (g + 1) * size)]
+        for picked in combinations(pool, k):
+            total += 1
+            hits += any(e < experts // bins for e in picked)
+    return hits / total
+
+
+@pytest.mark.parametrize(
+    ("experts", "k", "groups", "per_token", "bins"),
+    [(2, 1, 1, 1, 2), (16, 4, 1, 1, 4), (16, 3, 4, 2, 4), (16, 3, 4, 2, 8), (16, 3, 4, 2, 2), (24, 4, 6, 3, 3)],
+)
+def test_dispatch_destinations_match_enumeration(experts, k, groups, per_token, bins):
+    """The chance that a token needs a given GPU (or node) equals brute-force enumeration of its expert
+    choices, with and without group-limited routing (bins inside a group, equal to it, spanning several)."""
+    p = bin_hit_probability(TokenFanout(experts, k, groups, per_token), bins)
+    assert p == pytest.approx(_brute_bin_hit(experts, k, groups, per_token, bins))
+
+
+def test_hierarchical_dispatch_sends_fewer_copies():
+    """DeepEP/HybridEP send one copy per destination node (and GPU), never more than the flat all-to-all's
+    k·(n-1)/n; DeepSeek-V3's group limit (4 of 8 groups) cuts the nodes a token reaches further."""
+    from shardscope.costs.comm import GroupPlacement, dispatch_copies
+
+    ep64 = GroupPlacement(64, 8)  # 8 nodes of 8 GPUs
+    free = dispatch_copies(TokenFanout(256, 8), ep64)
+    limited = dispatch_copies(TokenFanout(256, 8, 8, 4), ep64)
+    assert free[0] < 8 * 56 / 64
+    assert limited[0] < free[0]
+    # a node's group is among the token's 4 of 8 with probability 1/2, then holds one of its 8 experts
+    assert limited[0] == pytest.approx(7 * 0.5 * (1 - math.comb(96, 8) / math.comb(128, 8)))
 
 
 def test_routing_skew_and_capacity():

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from shardscope.costs.routing import bin_hit_probability
+from shardscope.graph.ops import TokenFanout
 from shardscope.hardware.catalog import Cluster
 
 SCALEUP_EFFICIENCY = 0.80
@@ -65,15 +67,21 @@ def _ring_latency_s(cluster: Cluster, group: GroupPlacement) -> float:
     return (n - d) * cluster.scaleup_latency_s + d * cluster.scaleout_latency_s
 
 
-def hierarchical_remote_copies(top_k: int, nodes: int) -> float:
-    """Copies of a token that cross the fabric when an MoE dispatcher sends one copy per destination
-    node and fans out over NVLink there (DeepEP / HybridEP): with top-k experts spread uniformly over
-    N nodes, the expected number of other nodes hit is (N-1)·(1 - (1 - 1/N)^k), against k·(N-1)/N
-    copies for a flat all-to-all."""
-    return (nodes - 1) * (1 - (1 - 1 / nodes) ** top_k)
+def dispatch_copies(fanout: TokenFanout, group: GroupPlacement) -> tuple[float, float]:
+    """Copies of one token a DeepEP/HybridEP-style dispatcher sends (across the fabric, over NVLink):
+    one per other node that holds any of its experts, fanned out on arrival to each GPU there that
+    does, and one per other GPU of its own node that does. A flat all-to-all sends k copies instead."""
+    n, per_domain, nodes = group.size, group.per_domain, group.domains
+    gpus_hit = n * bin_hit_probability(fanout, n)
+    if nodes == 1:
+        return 0.0, gpus_hit * (n - 1) / n  # every GPU hit but the sender itself
+    remote = (nodes - 1) * bin_hit_probability(fanout, nodes)
+    return remote, gpus_hit * (per_domain - 1) / per_domain  # all but the arrival GPU get an NVLink copy
 
 
-def collective_time_s(cluster: Cluster, kind: str, nbytes: float, group: GroupPlacement, fanout: int = 0) -> float:
+def collective_time_s(
+    cluster: Cluster, kind: str, nbytes: float, group: GroupPlacement, fanout: TokenFanout | None = None
+) -> float:
     n = group.size
     if n <= 1 or nbytes <= 0:
         return 0.0
@@ -88,19 +96,16 @@ def collective_time_s(cluster: Cluster, kind: str, nbytes: float, group: GroupPl
         return min(ring, tree)
     if kind == "all_to_all":
         alpha = cluster.scaleup_latency_s if group.intra else cluster.scaleout_latency_s
+        up = cluster.scaleup_gbps * 1e9 * SCALEUP_EFFICIENCY
+        if fanout is not None:  # `nbytes` holds k copies of each token
+            remote, local = dispatch_copies(fanout, group)
+            token_bytes = nbytes / fanout.top_k
+            out = cluster.scaleout_gbps * 1e9 * SCALEOUT_EFFICIENCY
+            return max(remote * token_bytes / out, local * token_bytes / up) + alpha
         if not group.intra:  # only the off-domain share crosses the fabric, one NIC per GPU
             remote = (n - group.per_domain) / n * nbytes
             local = (group.per_domain - 1) / n * nbytes
-            if fanout:  # one copy per remote node, fanned out over NVLink on arrival
-                remote = nbytes / fanout * hierarchical_remote_copies(fanout, group.domains)
-                local = nbytes * (group.per_domain - 1) / group.per_domain
-            return (
-                max(
-                    remote / (cluster.scaleout_gbps * 1e9 * SCALEOUT_EFFICIENCY),
-                    local / (cluster.scaleup_gbps * 1e9 * SCALEUP_EFFICIENCY),
-                )
-                + alpha
-            )
+            return max(remote / (cluster.scaleout_gbps * 1e9 * SCALEOUT_EFFICIENCY), local / up) + alpha
         return (n - 1) / n * nbytes / bw + alpha
     if kind == "send_recv":
         if group.intra:

@@ -10,11 +10,17 @@ Transformer §2.2); 0 means dropless.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan
+
+if TYPE_CHECKING:
+    from shardscope.graph.ops import TokenFanout
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,3 +52,28 @@ def routing_load(model: ModelSpec, plan: Plan) -> RoutingLoad:
     rank_share = [sum(kept[r * per_rank : (r + 1) * per_rank]) for r in range(ep)]
     hot = max(rank_share) * ep
     return RoutingLoad(hot * plan.moe_imbalance, dropped)
+
+
+def bin_hit_probability(fanout: TokenFanout, bins: int) -> float:
+    """Probability that a token sends at least one of its top-k to a given one of `bins` equal contiguous
+    blocks of experts (a GPU's experts, or a node's), under balanced routing: the token draws
+    `groups_per_token` of the `groups` expert groups, then k distinct experts among theirs (uniformly)."""
+    return _bin_hit(fanout.experts, fanout.top_k, fanout.groups, fanout.groups_per_token, bins)
+
+
+@lru_cache(maxsize=1024)
+def _bin_hit(experts: int, k: int, groups: int, per_token: int, bins: int) -> float:
+    if bins <= 1:
+        return 1.0
+    groups = groups if 1 < groups <= experts and 0 < per_token < groups else 1
+    per_token = per_token if groups > 1 else 1
+    group_size, bin_size = experts / groups, experts / bins
+    touched = max(1, round(bin_size / group_size))  # groups a bin overlaps
+    overlap = min(bin_size, group_size)  # of its experts in each
+    pool = round(per_token * group_size)  # experts a token chooses from
+    miss = 0.0
+    for i in range(min(touched, per_token) + 1):  # i of the bin's groups among the token's
+        p_groups = math.comb(touched, i) * math.comb(groups - touched, per_token - i) / math.comb(groups, per_token)
+        outside = pool - round(i * overlap)
+        miss += p_groups * (math.comb(outside, k) / math.comb(pool, k) if outside >= k else 0.0)
+    return 1.0 - miss

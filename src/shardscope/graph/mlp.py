@@ -24,7 +24,7 @@ from shardscope.graph.common import (
     tagged,
     tp_collectives,
 )
-from shardscope.graph.ops import Collective, HiddenBy, Op, Phase, Saved
+from shardscope.graph.ops import Collective, HiddenBy, Op, Phase, Saved, TokenFanout
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan
 
@@ -123,7 +123,11 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     perm = BF16 * tm * moe.top_k * h
     ops.append(Op("permute", "memory", bytes=BF16 * tm * h + perm, bwd_bytes=BF16 * tm * h + perm))
     dispatch = load * perm
-    fanout = moe.top_k if plan.ep_dispatch == "hierarchical" else 0
+    fanout = (
+        TokenFanout(moe.experts, moe.top_k, moe.groups, moe.groups_per_token)
+        if plan.ep_dispatch == "hierarchical"
+        else None
+    )
 
     # Megatron's combined-1F1B schedule (overlap_moe_expert_parallel_comm) runs one micro-batch's forward
     # beside another's backward and pairs each all-to-all with one compute block of the other: forward

@@ -49,6 +49,18 @@ class Saved:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenFanout:
+    """How a token's top-k experts are drawn, for a dispatcher that sends one copy per destination GPU
+    and node rather than per expert (DeepEP / HybridEP): `top_k` of `experts`, limited to
+    `groups_per_token` of `groups` contiguous expert groups (DeepSeek-V3 group-limited routing)."""
+
+    experts: int
+    top_k: int
+    groups: int = 1
+    groups_per_token: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Collective:
     """A communication op on one GPU for one micro-batch.
 
@@ -63,4 +75,4 @@ class Collective:
     bytes: float
     phase: Phase
     hidden_by: HiddenBy = ""
-    fanout: int = 0  # MoE dispatch: experts per token when sent once per node (hierarchical); 0 = flat
+    fanout: TokenFanout | None = None  # MoE dispatch sent once per destination GPU / node; None = per expert

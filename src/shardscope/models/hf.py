@@ -196,6 +196,8 @@ def _deepseek(name: str, cfg: dict[str, Any]) -> ModelSpec:
         first_dense_layers=int(cfg.get("first_k_dense_replace") or 0),
         layer_step=int(cfg.get("moe_layer_freq") or 1),
         score_correction_bias=cfg.get("topk_method") == "noaux_tc",
+        groups=int(cfg.get("n_group") or 1),
+        groups_per_token=int(cfg.get("topk_group") or 1),
     )
     heads = _positive("num_attention_heads", _need(cfg, "num_attention_heads"))
     return _base(

@@ -82,6 +82,8 @@ class MoESpec:
     router_bias: bool = False  # GPT-OSS router
     expert_bias: bool = False  # GPT-OSS experts
     score_correction_bias: bool = False  # DeepSeek-V3 aux-loss-free balancing bias (a checkpoint tensor)
+    groups: int = 1  # group-limited routing (DeepSeek `n_group`): experts form this many contiguous groups
+    groups_per_token: int = 1  # ... and a token's top-k come from this many of them (`topk_group`)
 
 
 class LayerKind(NamedTuple):

@@ -1,0 +1,78 @@
+"""The MoE token dispatcher against published measurements.
+
+Megatron-Core MoE report (Yan et al. 2026, "Scalable Training of Mixture-of-Experts Models with
+Megatron Core", arXiv 2603.07685, Table 7): dispatch and combine latency of one DeepSeek-V3 MoE layer
+(hidden 7168, 4096 tokens per GPU, 256 experts, top-8, BF16) with the flat all-to-all dispatcher and
+with HybridEP, on H100 (8-GPU NVLink nodes, 400 Gb/s InfiniBand per GPU) and GB200 NVL72, EP 8 to 64.
+Our figure is the permute (or un-permute) kernel plus the all-to-all of the dispatcher kind.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from shardscope.analytic.step import place_groups
+from shardscope.costs.comm import collective_time_s
+from shardscope.costs.compute import op_time_s
+from shardscope.graph.build import build_stage_graph
+from shardscope.hardware.catalog import make_cluster
+from shardscope.models.catalog import load_model
+from shardscope.models.spec import ModelSpec
+from shardscope.plan.plan import make_plan
+
+EPS = (8, 16, 32, 64)
+# (gpu, dispatcher, step): microseconds at EP 8, 16, 32, 64
+TABLE_7_US = {
+    ("GB200", "hierarchical", "dispatch"): (391, 578, 612, 675),
+    ("GB200", "hierarchical", "combine"): (353, 527, 646, 744),
+    ("GB200", "flat", "dispatch"): (735, 743, 769, 930),
+    ("GB200", "flat", "combine"): (741, 765, 758, 827),
+    ("H100", "hierarchical", "dispatch"): (661, 1485, 3064, 4626),
+    ("H100", "hierarchical", "combine"): (624, 1688, 3088, 4398),
+    ("H100", "flat", "dispatch"): (1265, 5774, 8059, 9164),
+    ("H100", "flat", "combine"): (1277, 5628, 7815, 8727),
+}
+KERNEL = {"dispatch": "permute", "combine": "unpermute + weighted sum"}
+
+
+def predicted_us(gpu: str, dispatcher: str, step: str, ep: int, model: ModelSpec | None = None) -> float:
+    model = model or load_model("deepseek-v3")
+    cluster = make_cluster(gpu, ep)
+    plan = make_plan(model, cluster, ep=ep, global_batch=ep, seq_len=4096, ep_dispatch=dispatcher)
+    layer = next(u for k, u in build_stage_graph(model, plan, cluster.gpu.arch).layers.items() if k.mlp == "moe")
+    a2a = next(c for c in layer.comms if c.name == f"ep {step} all-to-all" and c.phase == "fwd")
+    kernel = next(op for op in layer.ops if op.name == KERNEL[step])
+    seconds = collective_time_s(cluster, a2a.kind, a2a.bytes, place_groups(cluster, plan).ep, a2a.fanout)
+    return 1e6 * (seconds + op_time_s(cluster.gpu, kernel, False, plan))
+
+
+def _errors() -> dict[tuple[str, str, str, int], float]:
+    return {
+        (*key, ep): predicted_us(*key, ep) / measured - 1
+        for key, row in TABLE_7_US.items()
+        for ep, measured in zip(EPS, row, strict=True)
+    }
+
+
+def test_dispatcher_latency_matches_megatron_core_table_7():
+    """All 32 measurements within 25%, their mean absolute error under 10%. The flat all-to-all on
+    GB200 at EP 64 is the worst (-22%): NCCL's all-to-all over the NVL72 switch fabric reaches less of
+    the link than our 80% NVLink efficiency (taken from all-reduce bus bandwidth)."""
+    errors = _errors()
+    worst = max(errors, key=lambda k: abs(errors[k]))
+    assert abs(errors[worst]) < 0.25, (worst, errors[worst])
+    assert sum(abs(e) for e in errors.values()) / len(errors) < 0.10
+
+
+def test_hybridep_across_nodes_needs_the_group_limit():
+    """On H100 across nodes the dispatcher's traffic is the tokens' copies to other nodes. DeepSeek-V3
+    sends each token to at most 4 of 8 expert groups: with that limit the model lands within 10% at
+    EP 32 and 64; without it (any 8 of 256 experts) it overshoots by more than 15%."""
+    from dataclasses import replace
+
+    measured = dict(zip(EPS, TABLE_7_US[("H100", "hierarchical", "dispatch")], strict=True))
+    model = load_model("deepseek-v3")
+    unlimited = replace(model, moe=replace(model.moe, groups=1, groups_per_token=1))
+    for ep in (32, 64):
+        assert predicted_us("H100", "hierarchical", "dispatch", ep) == pytest.approx(measured[ep], rel=0.10)
+        assert predicted_us("H100", "hierarchical", "dispatch", ep, unlimited) > 1.15 * measured[ep]
