@@ -89,3 +89,29 @@ def test_group_across_nodes_uses_nics():
     assert t == pytest.approx(7 / 8 * 1e9 / (50e9 * 0.9), rel=0.02)
     eight_per_node = place_group(c, 64, 1)
     assert collective_time_s(c, "all_gather", 1e9, eight_per_node) < t
+
+
+def test_precision_aware_optimizer_state_bytes():
+    """Megatron's precision-aware optimizer: bf16 Adam moments take the sharded state from 12 to 8 bytes
+    per parameter ("6 + 12/d to 6 + 8/d", Megatron-Core MoE report §4.1.6), a bf16 main_grad buffer the
+    gradients from 4 to 2; the Megatron export names both."""
+    from shardscope.analytic.step import optimizer_bytes_per_param
+    from shardscope.costs.memory import model_state_bytes
+    from shardscope.planner.export import to_megatron
+
+    model = load_model("llama3-8b")
+    cluster = make_cluster("H100", 64)
+    base = make_plan(model, cluster, zero=1, global_batch=64, seq_len=4096)
+    lean = make_plan(model, cluster, zero=1, global_batch=64, seq_len=4096, optimizer_moments="bf16", main_grads="bf16")
+    n, d = 1e9, base.shard_size
+    full, half = model_state_bytes(n, base), model_state_bytes(n, lean)
+    assert (full.params + full.grads, full.optimizer) == pytest.approx((6 * n, 12 * n / d))
+    assert (half.params + half.grads, half.optimizer) == pytest.approx((4 * n, 8 * n / d))
+    assert optimizer_bytes_per_param(lean) < optimizer_bytes_per_param(base) == 34
+    args = " ".join(to_megatron(model, lean))
+    assert (
+        "--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --main-grads-dtype bf16" in args
+    )
+    assert "precision-aware" not in " ".join(to_megatron(model, base))
+    with pytest.raises(ShardscopeError, match="--optimizer-moments must be fp32, bf16 or fp8"):
+        make_plan(model, cluster, global_batch=64, optimizer_moments="fp16")

@@ -76,6 +76,8 @@ def estimate(
     fsdp_prefetch: Annotated[int, typer.Option(help="FSDP layers gathered ahead (0 = no overlap)")] = 1,
     offload_optimizer: Annotated[bool, typer.Option(help="optimizer states in host memory, Adam on the CPU")] = False,
     offload_activations: Annotated[float, typer.Option(help="fraction of saved activations offloaded")] = 0.0,
+    optimizer_moments: Annotated[str, typer.Option(help="Adam m, v dtype: fp32 | bf16 | fp8 (Megatron)")] = "fp32",
+    main_grads: Annotated[str, typer.Option(help="gradient buffer dtype: fp32 | bf16 (Megatron)")] = "fp32",
     overlap_grad_reduce: Annotated[bool, typer.Option(help="DP gradient reduction under the backward")] = True,
     simulate: Annotated[bool, typer.Option(help="use the discrete-event simulator for the numbers")] = False,
     schedule: Annotated[
@@ -140,6 +142,8 @@ def estimate(
             fsdp_prefetch=fsdp_prefetch,
             offload_optimizer=offload_optimizer,
             offload_activations=offload_activations,
+            optimizer_moments=optimizer_moments,
+            main_grads=main_grads,
             overlap_grad_reduce=overlap_grad_reduce,
         )
     except ShardscopeError as exc:

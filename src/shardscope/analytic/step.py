@@ -33,9 +33,6 @@ from shardscope.models.spec import LayerKind, ModelSpec
 from shardscope.plan.plan import Plan
 from shardscope.result import Estimate, MemoryBreakdown, ParamCounts, TimeBreakdown
 
-# Adam step per local parameter: read fp32 param, grad, m, v (16 B), write param, m, v (12 B), write the
-# bf16 copy (2 B), plus the gradient-norm read for clipping (4 B). Memory-bound.
-OPTIMIZER_BYTES_PER_PARAM = 34
 GRAD_REDUCE_BYTES = FP32  # gradients are reduced in fp32 (Megatron bf16 default, FSDP reduce_dtype fp32)
 
 
@@ -354,8 +351,9 @@ def dp_comm(sc: StepCosts, model: ModelSpec, cluster: Cluster, plan: Plan, rank:
     if not ((plan.fsdp or plan.zero == 3) and plan.reshard_after_forward):
         sharded = plan.zero >= 1 or plan.fsdp
         kind = "reduce_scatter" if sharded else "all_reduce"
-        grad = collective_time_s(cluster, kind, GRAD_REDUCE_BYTES * dense, groups.shard if sharded else groups.dp)
-        grad += collective_time_s(cluster, kind, GRAD_REDUCE_BYTES * expert, groups.edp)
+        per_param = GRAD_REDUCE_BYTES if plan.fsdp else plan.main_grad_bytes  # Megatron reduces its main_grad
+        grad = collective_time_s(cluster, kind, per_param * dense, groups.shard if sharded else groups.dp)
+        grad += collective_time_s(cluster, kind, per_param * expert, groups.edp)
         grad_exp = max(0.0, grad - st.bwd) + grad / n_layers if plan.overlap_grad_reduce else grad
         total += grad
         if sharded:
@@ -374,6 +372,13 @@ def dp_comm(sc: StepCosts, model: ModelSpec, cluster: Cluster, plan: Plan, rank:
     return DPComm(grad_exp, gather_exp, total)
 
 
+def optimizer_bytes_per_param(plan: Plan) -> int:
+    """HBM traffic of Adam per local parameter (memory-bound): read and write the fp32 master (8 B), read
+    the gradient for the norm and the step (2·g), read and write m and v (4·m), write the bf16 copy (2 B):
+    34 B with fp32 gradients and moments."""
+    return 8 + 2 * plan.main_grad_bytes + 4 * plan.moment_bytes + 2
+
+
 def optimizer_params_local(model: ModelSpec, plan: Plan, rank: int) -> float:
     """Parameters whose optimizer update this GPU runs (its shard when the optimizer is sharded)."""
     dense, expert = rank_params_local(model, plan, rank)
@@ -387,7 +392,7 @@ def optimizer_time_s(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int) 
     local = optimizer_params_local(model, plan, rank)
     if plan.offload_optimizer:
         return cpu_optimizer_time_s(cluster, local) + link_time_s(cluster, 2 * local)
-    return memory_time_s(cluster.gpu, OPTIMIZER_BYTES_PER_PARAM * local)
+    return memory_time_s(cluster.gpu, optimizer_bytes_per_param(plan) * local)
 
 
 def step_flops(model: ModelSpec, plan: Plan, graph: StageGraph) -> tuple[float, float]:

@@ -3,7 +3,9 @@
 Model state per parameter (mixed precision with Adam; Rajbhandari et al. 2020, ZeRO §3):
   Megatron-style DDP / ZeRO (`fsdp=False`): bf16 weights (2 B), fp32 gradient buffer (4 B, the
   `main_grad` that backward accumulates into), fp32 master weights + Adam m, v (12 B). ZeRO-1 shards
-  the 12 B, ZeRO-2 also the grads, ZeRO-3 also the weights, over the shard group.
+  the 12 B, ZeRO-2 also the grads, ZeRO-3 also the weights, over the shard group. Megatron's
+  precision-aware optimizer keeps m, v in bf16 (2 + 2 B; 8 B of state, "6 + 12/d to 6 + 8/d bytes" per
+  parameter in the Megatron-Core MoE report §4.1.6) and the gradient buffer in bf16 (2 B).
   PyTorch FSDP (`fsdp=True`): the sharded fp32 parameters are the master weights (4 B), fp32 sharded
   grads (4 B), Adam m, v (8 B), all over the shard group; bf16 copies of whole layers exist only while
   gathered (buffers).
@@ -134,13 +136,14 @@ def model_state_bytes(n_params: float, plan: Plan, shard: int | None = None) -> 
             2 * n_params / (shard if sharded else 1),
             0.0,
         )
-    if plan.fsdp:
-        return StateBytes(4 * n_params / shard, 4 * n_params / shard, 8 * n_params / shard)
+    moments = 2 * plan.moment_bytes
+    if plan.fsdp:  # FSDP2 keeps gradients in the sharded fp32 parameters' dtype
+        return StateBytes(4 * n_params / shard, 4 * n_params / shard, moments * n_params / shard)
     z = plan.zero
     return StateBytes(
         params=2 * n_params / (shard if z >= 3 else 1),
-        grads=4 * n_params / (shard if z >= 2 else 1),
-        optimizer=12 * n_params / (shard if z >= 1 else 1),
+        grads=plan.main_grad_bytes * n_params / (shard if z >= 2 else 1),
+        optimizer=(4 + moments) * n_params / (shard if z >= 1 else 1),
     )
 
 

@@ -66,6 +66,10 @@ class Plan:
     fsdp_prefetch: int = 1  # FSDP layers gathered ahead of the one computing (forward and backward)
     overlap_grad_reduce: bool = True  # DP gradient buckets reduce under the last backward
     offload_optimizer: bool = False  # optimizer states + master weights in host memory, Adam on the CPU
+    # Megatron's precision-aware optimizer: Adam m and v (`exp_avg(_sq)_dtype`) and the gradient buffer
+    # that backward accumulates into and DP reduces (`main_grads_dtype`)
+    optimizer_moments: Literal["fp32", "bf16", "fp8"] = "fp32"
+    main_grads: Literal["fp32", "bf16"] = "fp32"
     offload_activations: float = 0.0  # fraction of saved activations kept in host memory
     ep_dispatch: Literal["flat", "hierarchical"] = "flat"  # hierarchical: one copy per node (DeepEP/HybridEP)
     pp_layout: tuple[int, ...] = ()  # decoder layers per model chunk (pp·vpp of them); () = even split
@@ -77,6 +81,15 @@ class Plan:
     def rank_layers(self, layers: int) -> tuple[tuple[int, ...], ...]:
         """Layer indices held by each pipeline rank (rank r owns chunks r, r + pp, r + 2·pp, ...)."""
         return _rank_layers(self.pp, self.vpp, layers, self.pp_layout)
+
+    @property
+    def moment_bytes(self) -> int:
+        """Bytes of each of Adam's two moments per parameter."""
+        return {"fp32": 4, "bf16": 2, "fp8": 1}[self.optimizer_moments]
+
+    @property
+    def main_grad_bytes(self) -> int:
+        return 2 if self.main_grads == "bf16" else 4
 
     @property
     def gpus(self) -> int:
@@ -264,6 +277,10 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         raise ShardscopeError(f"--ep-dispatch must be flat or hierarchical, got {plan.ep_dispatch!r}")
     if plan.moe_imbalance < 1 or plan.moe_skew < 0 or plan.capacity_factor < 0:
         raise ShardscopeError("--moe-imbalance must be >= 1, --moe-skew and --capacity-factor >= 0")
+    if plan.optimizer_moments not in ("fp32", "bf16", "fp8"):
+        raise ShardscopeError(f"--optimizer-moments must be fp32, bf16 or fp8, got {plan.optimizer_moments!r}")
+    if plan.main_grads not in ("fp32", "bf16"):
+        raise ShardscopeError(f"--main-grads must be fp32 or bf16, got {plan.main_grads!r}")
     if plan.fsdp and plan.zero not in (0, 3):
         raise ShardscopeError("--fsdp already means fully sharded; do not combine it with --zero 1/2")
     return plan

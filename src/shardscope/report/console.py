@@ -12,6 +12,13 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f} ms" if seconds < 1 else f"{seconds:,.3f} s"
 
 
+def _dtypes(p: dict) -> str:
+    """Optimizer dtypes that differ from fp32 (Megatron's precision-aware optimizer)."""
+    parts = [f"Adam m,v {p['optimizer_moments']}"] if p["optimizer_moments"] != "fp32" else []
+    parts += [f"grads {p['main_grads']}"] if p["main_grads"] != "fp32" else []
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def print_estimate(est: Estimate, console: Console | None = None) -> None:
     console = console or Console()
     p = est.plan
@@ -19,7 +26,7 @@ def print_estimate(est: Estimate, console: Console | None = None) -> None:
     modules = f" ({', '.join(p['recompute_modules'])})" if p.get("recompute_modules") else ""
     head = (
         f"[bold]{est.model}[/] on {est.gpus}× {est.gpu} — TP{p['tp']} PP{p['pp']}"
-        f"{'×' + str(p['vpp']) if p['vpp'] > 1 else ''} CP{p['cp']} DP{p['dp']} {p['sharding']}, "
+        f"{'×' + str(p['vpp']) if p['vpp'] > 1 else ''} CP{p['cp']} DP{p['dp']} {p['sharding']}{_dtypes(p)}, "
         f"recompute {p['recompute']}{modules}, "
         f"micro-batch {p['micro_batch']} × {p['grad_accum']} accum, "
         f"global batch {p['global_batch']} × {p['seq_len']} tokens"

@@ -238,6 +238,8 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             tp_comm_overlap=row.get("source") in MEGATRON_SOURCES,
             causal_block_skip=row.get("source") != "MOSAICML_LLMFOUNDRY",
             ep=_int(row, "ep", 1),
+            optimizer_moments=recipe.get("optimizer_moments", "fp32") if recipe else "fp32",
+            main_grads=recipe.get("main_grads", "fp32") if recipe else "fp32",
             **_moe_settings(row, recipe),
             # Megatron-Bridge's DeepSeek-V3 recipe trains the MTP module unless the table says "w/o MTP".
             mtp=bool(case_model_mtp(row)),
