@@ -97,15 +97,15 @@ def collective_time_s(
     if kind == "all_to_all":
         alpha = cluster.scaleup_latency_s if group.intra else cluster.scaleout_latency_s
         up = cluster.scaleup_gbps * 1e9 * SCALEUP_EFFICIENCY
+        out = cluster.scaleout_gbps * 1e9 * SCALEOUT_EFFICIENCY
         if fanout is not None:  # `nbytes` holds k copies of each token
             remote, local = dispatch_copies(fanout, group)
             token_bytes = nbytes / fanout.top_k
-            out = cluster.scaleout_gbps * 1e9 * SCALEOUT_EFFICIENCY
             return max(remote * token_bytes / out, local * token_bytes / up) + alpha
         if not group.intra:  # only the off-domain share crosses the fabric, one NIC per GPU
             remote = (n - group.per_domain) / n * nbytes
             local = (group.per_domain - 1) / n * nbytes
-            return max(remote / (cluster.scaleout_gbps * 1e9 * SCALEOUT_EFFICIENCY), local / up) + alpha
+            return max(remote / out, local / up) + alpha
         return (n - 1) / n * nbytes / bw + alpha
     if kind == "send_recv":
         if group.intra:

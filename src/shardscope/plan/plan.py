@@ -20,6 +20,8 @@ Precision = Literal["bf16", "fp16", "fp8"]
 Fp8Recipe = Literal["tensorwise", "delayed", "blockwise", "mxfp8"]
 AttentionKernel = Literal["auto", "fa2", "fa3", "cudnn", "unfused"]
 RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
+MOMENT_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}  # each of Adam's m, v per parameter
+MAIN_GRAD_BYTES = {"fp32": 4, "bf16": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +87,11 @@ class Plan:
     @property
     def moment_bytes(self) -> int:
         """Bytes of each of Adam's two moments per parameter."""
-        return {"fp32": 4, "bf16": 2, "fp8": 1}[self.optimizer_moments]
+        return MOMENT_BYTES[self.optimizer_moments]
 
     @property
     def main_grad_bytes(self) -> int:
-        return 2 if self.main_grads == "bf16" else 4
+        return MAIN_GRAD_BYTES[self.main_grads]
 
     @property
     def gpus(self) -> int:
@@ -277,9 +279,9 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         raise ShardscopeError(f"--ep-dispatch must be flat or hierarchical, got {plan.ep_dispatch!r}")
     if plan.moe_imbalance < 1 or plan.moe_skew < 0 or plan.capacity_factor < 0:
         raise ShardscopeError("--moe-imbalance must be >= 1, --moe-skew and --capacity-factor >= 0")
-    if plan.optimizer_moments not in ("fp32", "bf16", "fp8"):
+    if plan.optimizer_moments not in MOMENT_BYTES:
         raise ShardscopeError(f"--optimizer-moments must be fp32, bf16 or fp8, got {plan.optimizer_moments!r}")
-    if plan.main_grads not in ("fp32", "bf16"):
+    if plan.main_grads not in MAIN_GRAD_BYTES:
         raise ShardscopeError(f"--main-grads must be fp32 or bf16, got {plan.main_grads!r}")
     if plan.fsdp and plan.zero not in (0, 3):
         raise ShardscopeError("--fsdp already means fully sharded; do not combine it with --zero 1/2")

@@ -145,7 +145,7 @@ def to_megatron(model: ModelSpec, plan: Plan) -> list[str]:
         args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0"]
     if plan.optimizer_moments != "fp32" or plan.main_grads != "fp32":
         args.append("--use-precision-aware-optimizer")
-        m = "fp8" if plan.optimizer_moments == "fp8" else plan.optimizer_moments
+        m = plan.optimizer_moments
         args += ["--exp-avg-dtype", m, "--exp-avg-sq-dtype", m, "--main-grads-dtype", plan.main_grads]
     if plan.ep_comm_overlap:
         args.append("--overlap-moe-expert-parallel-comm")

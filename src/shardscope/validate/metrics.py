@@ -24,6 +24,7 @@ import re
 
 from shardscope.models.spec import ModelSpec
 from shardscope.result import Estimate
+from shardscope.validate.rows import nemo_container
 
 # Peaks the sources divide by (TFLOP/s): MosaicML states 989 (H100 BF16), 1979 (H100 FP8), 312 (A100);
 # Narayanan 2021 312; Llama 3 (PaLM MFU) the H100 BF16 989.
@@ -60,8 +61,8 @@ def flops_per_step(defn: str, model: ModelSpec, est: Estimate, notes: str, sourc
 
 
 def _container(notes: str) -> tuple[int, ...]:
-    match = re.search(r"NeMo container ([\d.]+)", notes)
-    return tuple(int(x) for x in match.group(1).split(".")) if match else ()
+    release = nemo_container(notes)
+    return tuple(int(x) for x in release.split(".")) if release else ()
 
 
 # The first container whose Megatron-Bridge counts every gated MLP at 3/2 and sliding windows exactly.

@@ -174,17 +174,23 @@ def _megatron_bridge_recipes() -> tuple[dict, ...]:
     return tuple(yaml.safe_load(text)["recipes"])
 
 
+def nemo_container(notes: str) -> str | None:
+    """The NeMo container release a row's notes name ("NeMo container 26.04.01"), or None."""
+    match = re.search(r"NeMo container ([\d.]+)", notes)
+    return match.group(1) if match else None
+
+
 def megatron_bridge_recipe(row: dict[str, str]) -> dict | None:
     """The perf recipe behind a Megatron-Bridge row: matched on model, system, GPUs, the precision as
     listed and the container release (both from the row's notes)."""
     if row.get("source") != "MBRIDGE_PERF":
         return None
     notes = row.get("notes", "")
-    container = re.search(r"NeMo container ([\d.]+)", notes)
+    container = nemo_container(notes)
     precision = re.search(r"precision as listed: ([^;]+);", notes)
     if not container or not precision:
         return None
-    key = (row["model"], row["gpu"], _int(row, "num_gpus"), precision.group(1).strip(), container.group(1))
+    key = (row["model"], row["gpu"], _int(row, "num_gpus"), precision.group(1).strip(), container)
     for recipe in _megatron_bridge_recipes():
         if (recipe["model"], recipe["system"], recipe["gpus"], recipe["precision"], recipe["container"]) == key:
             return recipe
