@@ -16,6 +16,18 @@ from shardscope.plan.plan import Plan
 FORMATS = ("torchtitan", "megatron", "deepspeed")
 
 
+def _moments_note(plan: Plan, framework: str) -> list[str]:
+    """Adam moments below fp32 are a Megatron-Core option (precision-aware optimizer) that `framework`
+    cannot set from its config: say so rather than export a plan whose state the run would exceed."""
+    if plan.optimizer_moments == "fp32":
+        return []
+    return [
+        f"{plan.optimizer_moments} Adam moments have no {framework} config option: the run keeps fp32 moments "
+        f"(+{2 * (4 - plan.moment_bytes)} B/param of optimizer state over this plan) unless the optimizer "
+        "is swapped in code"
+    ]
+
+
 def _pp_schedule_titan(plan: Plan) -> str:
     return "Interleaved1F1B" if plan.vpp > 1 else ("1F1B" if plan.pp > 1 else "1F1B")
 
@@ -30,6 +42,8 @@ def to_torchtitan(model: ModelSpec, plan: Plan) -> str:
     notes = []
     if plan.zero in (1, 2) and not plan.fsdp:
         notes.append(f"ZeRO-{plan.zero} has no torchtitan equivalent: FSDP2 full sharding over the same ranks")
+    notes += _moments_note(plan, "torchtitan")
+    reduce_dtype = "bfloat16" if plan.main_grads == "bf16" else "float32"
     reshard = "never" if (plan.fsdp and not plan.reshard_after_forward) else "default"
     lines = [
         "# torchtitan job config written by shardscope",
@@ -46,7 +60,7 @@ def to_torchtitan(model: ModelSpec, plan: Plan) -> str:
         f"global_batch_size = {plan.global_batch}",
         f"seq_len = {plan.seq_len}",
         'mixed_precision_param = "bfloat16"',
-        'mixed_precision_reduce = "float32"',
+        f'mixed_precision_reduce = "{reduce_dtype}"',
         "",
         "[parallelism]",
         f"data_parallel_replicate_degree = {replicate}",
@@ -167,12 +181,14 @@ def to_deepspeed(model: ModelSpec, plan: Plan) -> str:
         )
     if plan.pp > 1:
         notes.append(f"pipeline parallel {plan.pp}: DeepSpeed PipelineModule(num_stages={plan.pp}) in code")
+    notes += _moments_note(plan, "DeepSpeed")
     cfg = {
         "train_batch_size": plan.global_batch,
         "train_micro_batch_size_per_gpu": plan.micro_batch,
         "gradient_accumulation_steps": plan.grad_accum,
         "gradient_clipping": 1.0,
         "bf16": {"enabled": True},
+        "data_types": {"grad_accum_dtype": plan.main_grads},
         "zero_optimization": zero,
         "tensor_parallel": {"autotp_size": plan.tp},
         "activation_checkpointing": {
