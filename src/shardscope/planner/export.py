@@ -11,7 +11,7 @@ import json
 
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.layout import format_pp_layout
-from shardscope.plan.plan import Plan
+from shardscope.plan.plan import MOMENT_BYTES, Plan
 
 FORMATS = ("torchtitan", "megatron", "deepspeed")
 
@@ -21,15 +21,15 @@ def _moments_note(plan: Plan, framework: str) -> list[str]:
     cannot set from its config: say so rather than export a plan whose state the run would exceed."""
     if plan.optimizer_moments == "fp32":
         return []
+    extra = 2 * (MOMENT_BYTES["fp32"] - plan.moment_bytes)  # two moments, m and v
     return [
         f"{plan.optimizer_moments} Adam moments have no {framework} config option: the run keeps fp32 moments "
-        f"(+{2 * (4 - plan.moment_bytes)} B/param of optimizer state over this plan) unless the optimizer "
-        "is swapped in code"
+        f"(+{extra} B/param of optimizer state over this plan) unless the optimizer is swapped in code"
     ]
 
 
 def _pp_schedule_titan(plan: Plan) -> str:
-    return "Interleaved1F1B" if plan.vpp > 1 else ("1F1B" if plan.pp > 1 else "1F1B")
+    return "Interleaved1F1B" if plan.vpp > 1 else "1F1B"
 
 
 def to_torchtitan(model: ModelSpec, plan: Plan) -> str:
