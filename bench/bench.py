@@ -1,6 +1,6 @@
 """Speed benchmarks: in-process estimates per second and the CLI's cold start for `estimate --json`.
 
-    python bench/bench.py            # prints the figures quoted in the README
+python bench/bench.py            # prints the figures quoted in the README
 """
 
 from __future__ import annotations
@@ -42,14 +42,14 @@ def simulate_405b_16k_s(runs: int = 5) -> tuple[float, float]:
     return best, best_trace
 
 
-def search_405b_16k_s() -> tuple[float, int]:
-    """Seconds to search every plan of Llama-3.1-405B on 16,384 H100 on one core, and the layouts."""
+def search_s(model: str, gpus: int, global_batch: int, seq_len: int) -> tuple[float, int]:
+    """Seconds to search every plan of `model` on `gpus` H100 on one core, and the layouts searched."""
     from shardscope.hardware.catalog import make_cluster
     from shardscope.models.catalog import load_model
     from shardscope.planner.search import search
 
     t0 = time.perf_counter()
-    result = search(load_model("llama3.1-405b"), make_cluster("H100", 16384), 2048, 8192)
+    result = search(load_model(model), make_cluster("H100", gpus), global_batch, seq_len)
     return time.perf_counter() - t0, result.structures
 
 
@@ -66,7 +66,9 @@ def cold_start_s(runs: int = 7) -> float:
 if __name__ == "__main__":
     print(f"in-process estimates/s: {estimates_per_second():,.0f}")
     print(f"CLI cold start (estimate --json, median of 7): {cold_start_s():.3f} s")
-    took, layouts = search_405b_16k_s()
+    took, layouts = search_s("llama3.1-405b", 16384, 2048, 8192)
     print(f"search every plan of Llama-3.1-405B on 16,384 H100 (one core): {took:.2f} s for {layouts:,} layouts")
+    took, layouts = search_s("deepseek-v3", 1024, 4096, 4096)
+    print(f"search every plan of DeepSeek-V3 on 1,024 H100 (one core): {took:.2f} s for {layouts:,} layouts")
     sim, sim_trace = simulate_405b_16k_s()
     print(f"simulate Llama-3.1-405B on 16,384 GPUs (128 micro-batches): {sim:.2f} s, with trace: {sim_trace:.2f} s")

@@ -3,6 +3,7 @@ principles (brute-force counts), plus memory invariants."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -93,7 +94,7 @@ def test_mla_projection_flops_match_pytorch():
 @pytest.mark.parametrize("kind,window,s", [("window", 128, 4096), ("chunk", 8192, 32768), ("full", 0, 1024)])
 def test_keys_per_query_brute_force(kind, window, s):
     m = load_model("gpt-oss-20b")
-    m = type(m)(**{f: getattr(m, f) for f in m.__dataclass_fields__} | {"attention_window": window})
+    m = dataclasses.replace(m, attention_window=window)
     if kind == "window":
         brute = sum(min(i + 1, window) for i in range(s)) / s
     elif kind == "chunk":

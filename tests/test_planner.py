@@ -272,3 +272,56 @@ def test_low_precision_optimizer_dtypes_in_torchtitan_and_deepspeed_exports():
     assert (ds_base["data_types"]["grad_accum_dtype"], ds_lean["data_types"]["grad_accum_dtype"]) == ("fp32", "bf16")
     assert not ds_base["_shardscope"]["notes"]
     assert any("bf16 Adam moments have no DeepSpeed config option" in n for n in ds_lean["_shardscope"]["notes"])
+
+
+def test_memoised_costs_equal_a_cold_computation():
+    """The planner memoises op times, layer costs and parameter counts on the shared op graph and model
+    spec; plans that share a graph but differ elsewhere (sharding, recompute, GPU) must still get exactly
+    the estimate a cold computation gives."""
+    import dataclasses
+
+    from shardscope.analytic.step import estimate_step
+    from shardscope.graph import build
+
+    model = load_model("deepseek-v3")
+    base = dict(tp=2, pp=8, ep=16, micro_batch=1, global_batch=512, seq_len=4096)
+    variants = [
+        ("H100", dict(zero=1)),
+        ("H100", dict(fsdp=True)),
+        ("H100", dict(fsdp=True, reshard_after_forward=False)),
+        ("H100", dict(zero=3, fsdp_prefetch=2)),
+        ("H100", dict(zero=1, recompute="full")),
+        ("H100", dict(zero=1, recompute="selective", recompute_modules="moe_act,mla_up_proj")),
+        ("H100", dict(zero=1, offload_optimizer=True)),
+        ("H200", dict(zero=1)),  # same architecture: the same op graph, other op times
+        ("H100", dict(zero=1, pp=4)),
+    ]
+
+    def run(gpu: str, kw: dict):
+        return estimate_step(model, make_cluster(gpu, 256), make_plan(model, make_cluster(gpu, 256), **(base | kw)))
+
+    warm = [run(gpu, kw) for gpu, kw in variants]
+    cold = []
+    for gpu, kw in variants:
+        build._GRAPH_CACHE.clear()
+        model.memo.clear()
+        cold.append(run(gpu, kw))
+    for w, c in zip(warm, cold, strict=True):
+        assert dataclasses.asdict(w) == dataclasses.asdict(c)
+
+
+def test_search_finds_plans_that_fit_only_with_optimizer_offload():
+    """Qwen3-30B-A3B in two pipeline stages without expert parallelism holds 15B parameters per GPU:
+    ~96 GB of model state with the distributed optimizer, above an H100's 80 GB, but it fits once the
+    optimizer state moves to the host. The search must not drop such a structure on its state alone."""
+    from shardscope.costs.memory import GIB, rank_state_bytes
+    from shardscope.planner.search import evaluate_structure
+
+    model, cluster = load_model("qwen3-30b-a3b"), make_cluster("H100", 64)
+    kw = dict(tp=1, pp=2, vpp=4, dp=32, ep=1, zero=1, micro_batch=2, global_batch=512, seq_len=4096)
+    state = rank_state_bytes(model, make_plan(model, cluster, **kw), 0)
+    assert (state.params + state.grads + state.optimizer) / GIB > cluster.gpu.hbm_gib
+    found = evaluate_structure(model, cluster, kw)
+    assert found is not None and found.plan.offload_optimizer
+    assert found.estimate.memory.required_gib <= cluster.gpu.hbm_gib
+    assert evaluate_structure(model, cluster, kw, offload_ok=False) is None

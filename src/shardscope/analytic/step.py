@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from shardscope.costs.comm import GroupPlacement, collective_time_s, place_group
-from shardscope.costs.compute import memory_time_s, op_time_s
+from shardscope.costs.compute import group_times_s, memory_time_s
 from shardscope.costs.efficiency import overlap_slowdown
 from shardscope.costs.memory import (
     CONTEXT_BYTES,
@@ -81,17 +81,10 @@ class PhaseCost:
 
 def _compute_cost(cluster: Cluster, plan: Plan, unit: OpGroup, backward: bool) -> PhaseCost:
     """The compute half of a phase cost (communication is added by `_add_comms`)."""
-    cost = PhaseCost()
-    for i, op in enumerate(unit.ops):
-        t = op_time_s(cluster.gpu, op, backward, plan)
-        cost.compute_s += t
-        if i < unit.attn_ops:
-            cost.attn_block_s += t
-        if op.kind == "gemm":
-            cost.gemm_s += t
-        elif op.kind == "attention":
-            cost.attention_s += t
-    return cost
+    times = group_times_s(cluster.gpu, unit, plan)[backward]
+    gemm = sum(t for op, t in zip(unit.ops, times, strict=True) if op.kind == "gemm")
+    attention = sum(t for op, t in zip(unit.ops, times, strict=True) if op.kind == "attention")
+    return PhaseCost(sum(times), 0.0, 0.0, gemm, attention, sum(times[: unit.attn_ops]))
 
 
 def _block_times(fwd: PhaseCost, bwd: PhaseCost) -> dict[str, float]:
@@ -126,9 +119,14 @@ def _add_comms(
 
 
 def _phase_cost(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, backward: bool) -> PhaseCost:
-    """Compute and communication of a unit that pairs with no other micro-batch (embedding, head)."""
+    """Compute and communication of a unit that pairs with no other micro-batch (embedding, head).
+    Memoised on the unit: its op graph fixes every plan field this reads (its collectives run in the
+    tp/cp/ep groups, whose placement the graph's degrees fix)."""
     phase = "bwd" if backward else "fwd"
-    return _add_comms(cluster, groups, unit, phase, _compute_cost(cluster, plan, unit, backward), {})
+    return unit.memoised(
+        ("phase", cluster, backward),
+        lambda: _add_comms(cluster, groups, unit, phase, _compute_cost(cluster, plan, unit, backward), {}),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +147,27 @@ class LayerCost:
 def _layer_cost(
     cluster: Cluster, plan: Plan, groups: Groups, model: ModelSpec, kind: LayerKind, unit: OpGroup, gather_bytes: float
 ) -> LayerCost:
+    """Memoised on the unit (see `_phase_cost`) and the plan fields outside the op graph that it reads:
+    recompute, and the sharded-data-parallel groups FSDP gathers over."""
+    key = (
+        "layer",
+        cluster,
+        plan.recompute,
+        plan.recompute_modules,
+        plan.fsdp,
+        plan.zero,
+        plan.reshard_after_forward,
+        plan.fsdp_prefetch,
+        plan.shard_size,
+        plan.expert_dp,
+        gather_bytes,
+    )
+    return unit.memoised(key, lambda: _layer_cost_of(cluster, plan, groups, model, kind, unit, gather_bytes))
+
+
+def _layer_cost_of(
+    cluster: Cluster, plan: Plan, groups: Groups, model: ModelSpec, kind: LayerKind, unit: OpGroup, gather_bytes: float
+) -> LayerCost:
     fwd, bwd = _compute_cost(cluster, plan, unit, False), _compute_cost(cluster, plan, unit, True)
     blocks = _block_times(fwd, bwd)
     _add_comms(cluster, groups, unit, "fwd", fwd, blocks)
@@ -156,8 +175,9 @@ def _layer_cost(
     if plan.recompute == "full":
         rec, rec_comm = fwd.compute_s, fwd.exposed_s
     elif plan.recompute == "selective":
-        rec_ops = unit.recomputed_ops(plan.recompute_modules)
-        rec, rec_comm = sum(op_time_s(cluster.gpu, op, False, plan) for op in rec_ops), 0.0
+        rerun = unit.recomputed_ops(plan.recompute_modules)
+        fwd_times = group_times_s(cluster.gpu, unit, plan)[0]
+        rec, rec_comm = sum(t for op, t in zip(unit.ops, fwd_times, strict=True) if op in rerun), 0.0
     else:
         rec, rec_comm = 0.0, 0.0
     exposed = hidden = ag = rs = 0.0
@@ -176,7 +196,7 @@ def _layer_cost(
         d = plan.fsdp_prefetch
         exposed = max(0.0, ag - d * fwd.compute_s) + max(0.0, ag + rs - d * (bwd.compute_s + rec))
         hidden = 2 * ag + rs - exposed
-    wgrad = sum(op_time_s(cluster.gpu, op, True, plan) / 2 for op in unit.ops if op.kind == "gemm")
+    wgrad = bwd.gemm_s / 2  # a GEMM's backward is its dgrad and its wgrad, of equal FLOPs
     return LayerCost(fwd, bwd, rec, rec_comm, exposed, hidden, ag, wgrad, rs)
 
 
@@ -398,7 +418,10 @@ def optimizer_time_s(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int) 
 def step_flops(model: ModelSpec, plan: Plan, graph: StageGraph) -> tuple[float, float]:
     """(model FLOPs, hardware FLOPs incl. recompute) of one optimizer step over all GPUs."""
     tokens = plan.global_batch * plan.seq_len
-    model_flops = tokens * model_flops_per_token(model, plan.seq_len, plan.causal)
+    per_token = model.memoised(
+        ("flops_per_token", plan.seq_len, plan.causal), lambda: model_flops_per_token(model, plan.seq_len, plan.causal)
+    )
+    model_flops = tokens * per_token
     if plan.mtp and model.mtp_layers:  # each MTP module: one more block and output-layer pass per token
         kind = model.mtp_kind
         mtp_fwd = 2.0 * (model.matmul_params_per_token(kind) + model.vocab * model.hidden + 2 * model.hidden**2)

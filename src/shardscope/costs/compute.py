@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shardscope.costs.efficiency import HBM_FRACTION, KERNEL_GAP_S, attention_fraction, gemm_fraction
+from shardscope.graph.common import OpGroup
 from shardscope.graph.ops import Op
 from shardscope.hardware.catalog import GPU
 from shardscope.plan.plan import Plan
@@ -43,3 +44,15 @@ def op_time_s(gpu: GPU, op: Op, backward: bool, plan: Plan) -> float:
         return max(flops / (gpu.bf16_tflops * 1e12 * frac), io) + KERNEL_GAP_S
     nbytes = op.bwd_bytes if backward else op.bytes
     return memory_time_s(gpu, nbytes) + KERNEL_GAP_S
+
+
+def group_times_s(gpu: GPU, unit: OpGroup, plan: Plan) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Forward and backward time of each op of `unit`, memoised on the group: the op graph is shared by
+    every plan that differs only outside its fields, and these are the only plan fields `op_time_s` reads."""
+    key = ("times", gpu, plan.precision, plan.attention_kernel, plan.seq_len, plan.cp)
+
+    def times() -> tuple[tuple[float, ...], tuple[float, ...]]:
+        fwd = tuple(op_time_s(gpu, op, False, plan) for op in unit.ops)
+        return fwd, tuple(op_time_s(gpu, op, True, plan) for op in unit.ops)
+
+    return unit.memoised(key, times)

@@ -77,6 +77,11 @@ def expert_params_local(model: ModelSpec, kind: LayerKind, ep: int, etp: int) ->
 
 def rank_params_local(model: ModelSpec, plan: Plan, rank: int) -> tuple[float, float]:
     """(dense, expert) parameters on one GPU of pipeline rank `rank` (TP/EP-split, before ZeRO/FSDP)."""
+    key = ("rank_params", plan.tp, plan.ep, plan.etp, plan.pp, plan.vpp, plan.pp_layout, plan.mtp, rank)
+    return model.memoised(key, lambda: _rank_params_local(model, plan, rank))
+
+
+def _rank_params_local(model: ModelSpec, plan: Plan, rank: int) -> tuple[float, float]:
     counts = model.kind_counts(plan.rank_layers(model.layers)[rank])
     dense = sum(n * dense_params_local(model, plan.tp, k) for k, n in counts.items())
     expert = sum(n * expert_params_local(model, k, plan.ep, plan.etp) for k, n in counts.items())

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from shardscope.graph.ops import Collective, Op, Saved
+from shardscope.memo import Memoised
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan
 
@@ -24,17 +25,23 @@ FP32 = 4
 
 
 @dataclass(frozen=True, slots=True)
-class OpGroup:
+class OpGroup(Memoised):
     """Ops, saved tensors and collectives of one unit (a transformer layer, the embedding, the head)."""
 
     ops: tuple[Op, ...]
     saved: tuple[Saved, ...]
     comms: tuple[Collective, ...]
     attn_ops: int = 0  # a layer: how many leading ops form its attention half (the rest: the MLP half)
+    # Results derived from this immutable group (saved bytes per policy, op times per GPU), kept for the
+    # planner, which asks the same questions of one shared graph for thousands of plans.
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def saved_bytes(self, policy: str, modules: tuple[str, ...] = ()) -> float:
         """Bytes kept under `policy`; "selective" with Megatron `modules` keeps what "none" keeps except
         the tensors those modules recompute."""
+        return self.memoised(("saved", policy, modules), lambda: self._saved_bytes(policy, modules))
+
+    def _saved_bytes(self, policy: str, modules: tuple[str, ...]) -> float:
         if policy == "selective" and modules:
             return sum(s.bytes for s in self.saved if "none" in s.policies and not s.modules.intersection(modules))
         return sum(s.bytes for s in self.saved if policy in s.policies)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -80,7 +81,7 @@ def resolve_model_name(name: str) -> str:
 def _load_catalog_model(name: str) -> ModelSpec:
     spec = model_from_hf_config(catalog_config(name), name=name)
     src = catalog_sources().get(name, {})
-    return ModelSpec(**{**{f: getattr(spec, f) for f in spec.__dataclass_fields__}, "source": src.get("source", "")})
+    return replace(spec, source=src.get("source", ""))
 
 
 def load_model(name_or_path: str | Path) -> ModelSpec:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-from functools import lru_cache
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
+
+from shardscope.memo import Memoised
 
 MlpKind = Literal["swiglu", "gelu"]
 NormKind = Literal["rmsnorm", "layernorm"]
@@ -94,7 +96,7 @@ class LayerKind(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class ModelSpec:
+class ModelSpec(Memoised):
     """A decoder-only transformer as the checkpoint defines it (sizes before any sharding).
 
     Parameter counts are sums over the real tensors (weights and biases), so they equal the count of a
@@ -129,6 +131,9 @@ class ModelSpec:
     mtp_layers: int = 0  # multi-token-prediction modules (DeepSeek-V3), not part of params_total
     dit: DiTSpec | None = None
     source: str = ""
+    # Derived figures of this immutable spec (layer kinds, per-rank parameter counts), kept for the
+    # planner, which asks them for thousands of plans.
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     # ----- layer structure ------------------------------------------------------------------------
     def is_moe_layer(self, i: int) -> bool:
@@ -146,11 +151,12 @@ class ModelSpec:
         return LayerKind(attention=attn, mlp="moe" if self.is_moe_layer(i) else "dense")  # type: ignore[arg-type]
 
     def layer_kinds(self) -> tuple[LayerKind, ...]:
-        return _layer_kinds(self)
+        return self.memoised("layer_kinds", lambda: tuple(self.layer_kind(i) for i in range(self.layers)))
 
-    def kind_counts(self, indices: tuple[int, ...]) -> Counter[LayerKind]:
-        """How many layers of each kind are among `indices` (cached: the planner asks often)."""
-        return _kind_counts(self, tuple(indices))
+    def kind_counts(self, indices: Iterable[int]) -> Counter[LayerKind]:
+        """How many layers of each kind are among `indices`."""
+        idx = tuple(indices)
+        return self.memoised(("kind_counts", idx), lambda: Counter(self.layer_kinds()[i] for i in idx))
 
     @property
     def moe_layers(self) -> int:
@@ -308,6 +314,9 @@ class ModelSpec:
 
     @property
     def params_total(self) -> int:
+        return self.memoised("params_total", self._params_total)
+
+    def _params_total(self) -> int:
         if self.dit:
             return sum(n * self.layer_params_of(k) for k, n in self.kind_counts(range(self.layers)).items()) + (
                 self.dit_extra_params()
@@ -372,14 +381,3 @@ class ModelSpec:
         if kind.attention == "chunk" and w and w < s:
             return (w + 1) / 2 if causal else float(w)
         return (s + 1) / 2 if causal else float(s)
-
-
-@lru_cache(maxsize=256)
-def _layer_kinds(model: ModelSpec) -> tuple[LayerKind, ...]:
-    return tuple(model.layer_kind(i) for i in range(model.layers))
-
-
-@lru_cache(maxsize=4096)
-def _kind_counts(model: ModelSpec, indices: tuple[int, ...]) -> Counter[LayerKind]:
-    kinds = model.layer_kinds()
-    return Counter(kinds[i] for i in indices)

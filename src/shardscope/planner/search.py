@@ -2,9 +2,10 @@
 
 For each parallel structure (see `space.structures`) the recompute levels are tried from cheapest to
 most memory-saving and the first that fits is timed — more recompute only costs time, so the others
-are dominated. Memory is checked before time: the model-state bytes of the first and last stage
-(independent of recompute) prune most structures before any op graph is built, and op graphs are
-shared between structures that differ only in pipeline/data parallelism, sharding or recompute.
+are dominated. Memory is checked before time: a floor that no recompute level or offload choice can go
+below (the smaller model state plus the buffers of the first and last stage) drops a structure before
+any level is tried, and op graphs are shared between structures that differ only in pipeline/data
+parallelism, sharding or recompute.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from shardscope.analytic.step import estimate_step, rank_memory
-from shardscope.costs.memory import GIB, rank_state_bytes
+from shardscope.costs.memory import CONTEXT_BYTES, FRAGMENTATION, GIB, buffer_bytes, rank_state_bytes
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
@@ -78,25 +79,39 @@ def evaluate_structure(model: ModelSpec, cluster: Cluster, kw: dict, offload_ok:
         base = make_plan(model, cluster, **kw)
     except ShardscopeError:
         return None
-    state_floor = max(_state_total(model, base, r) for r in {0, base.pp - 1})
-    if state_floor / GIB > cluster.gpu.hbm_gib:
+    offload = (False, True) if (offload_ok and (base.fsdp or base.zero >= 1)) else (False,)
+    if _memory_floor_gib(model, cluster, base, offload) > cluster.gpu.hbm_gib - HEADROOM_GIB:
         return None
     stage_layers = base.stage_layers(model.layers)
-    offload = (False, True) if (offload_ok and (base.fsdp or base.zero >= 1)) else (False,)
     for policy, share in RECOMPUTE_LEVELS:
         layers = max(1, round(share * stage_layers)) if policy == "full" else 0
         if policy == "full" and share < 1 and layers >= stage_layers:
             continue
-        fitting = []
-        for off in offload:  # at the first recompute level that fits: with or without offload, the faster
+        # Optimizer offload only adds time (a CPU Adam step at host bandwidth, weights back over the host
+        # link), so at a recompute level it is the fallback when the plan does not fit without it.
+        for off in offload:
             plan = replace(base, recompute=policy, recompute_layers=layers if share < 1 else 0, offload_optimizer=off)
             if _fits_memory(model, cluster, plan):
                 est = estimate_step(model, cluster, plan)
                 if est.fits and est.memory.required_gib <= cluster.gpu.hbm_gib - HEADROOM_GIB:
-                    fitting.append(Candidate(plan, est))
-        if fitting:
-            return min(fitting, key=lambda c: c.key("throughput"))
+                    return Candidate(plan, est)
     return None
+
+
+def _memory_floor_gib(model: ModelSpec, cluster: Cluster, base: Plan, offload: tuple[bool, ...]) -> float:
+    """A lower bound on the memory of the first and last stage under every recompute level and offload
+    choice of `base`: the smaller model state, the buffers (which recompute does not change) and the CUDA
+    context. Activations and the backward working set only add to it, so a structure above it has no plan
+    that fits, and most such structures are dropped before any recompute level is tried."""
+    from shardscope.graph.build import build_stage_graph
+
+    graph = build_stage_graph(model, base, cluster.gpu.arch)
+    floor = 0.0
+    for rank in {0, base.pp - 1}:
+        state = min(_state_total(model, replace(base, offload_optimizer=off), rank) for off in offload)
+        buffers = buffer_bytes(model, base, graph, rank, cluster.gpu.arch)
+        floor = max(floor, state + buffers + CONTEXT_BYTES + FRAGMENTATION * buffers)
+    return floor / GIB
 
 
 def _state_total(model: ModelSpec, plan: Plan, rank: int) -> float:
