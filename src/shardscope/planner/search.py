@@ -14,8 +14,8 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from shardscope.analytic.step import estimate_step, rank_memory
-from shardscope.costs.memory import CONTEXT_BYTES, FRAGMENTATION, GIB, buffer_bytes, rank_state_bytes
+from shardscope.analytic.step import RankMemory, estimate_step, rank_memory
+from shardscope.costs.memory import GIB, buffer_bytes, rank_state_bytes
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
@@ -62,13 +62,16 @@ class SearchResult:
 HEADROOM_GIB = 2.0
 
 
+def _footprint_gib(m: RankMemory) -> float:
+    return (m.allocated + m.overhead) / GIB
+
+
 def _fits_memory(model: ModelSpec, cluster: Cluster, plan: Plan) -> bool:
     from shardscope.graph.build import build_stage_graph
 
     graph = build_stage_graph(model, plan, cluster.gpu.arch)
     for rank in {0, plan.pp - 1}:
-        m = rank_memory(model, plan, graph, cluster.gpu.arch, rank)
-        if (m.allocated + m.overhead) / GIB > cluster.gpu.hbm_gib - HEADROOM_GIB:
+        if _footprint_gib(rank_memory(model, plan, graph, cluster.gpu.arch, rank)) > cluster.gpu.hbm_gib - HEADROOM_GIB:
             return False
     return True
 
@@ -100,23 +103,18 @@ def evaluate_structure(model: ModelSpec, cluster: Cluster, kw: dict, offload_ok:
 
 def _memory_floor_gib(model: ModelSpec, cluster: Cluster, base: Plan, offload: tuple[bool, ...]) -> float:
     """A lower bound on the memory of the first and last stage under every recompute level and offload
-    choice of `base`: the smaller model state, the buffers (which recompute does not change) and the CUDA
-    context. Activations and the backward working set only add to it, so a structure above it has no plan
-    that fits, and most such structures are dropped before any recompute level is tried."""
+    choice of `base`: the footprint with no activations and no backward working set (the model state,
+    the buffers, which recompute does not change, and the CUDA context), under the smaller state.
+    Activations and the working set only add to it, so a structure above it has no plan that fits."""
     from shardscope.graph.build import build_stage_graph
 
     graph = build_stage_graph(model, base, cluster.gpu.arch)
     floor = 0.0
     for rank in {0, base.pp - 1}:
-        state = min(_state_total(model, replace(base, offload_optimizer=off), rank) for off in offload)
         buffers = buffer_bytes(model, base, graph, rank, cluster.gpu.arch)
-        floor = max(floor, state + buffers + CONTEXT_BYTES + FRAGMENTATION * buffers)
-    return floor / GIB
-
-
-def _state_total(model: ModelSpec, plan: Plan, rank: int) -> float:
-    st = rank_state_bytes(model, plan, rank)
-    return st.params + st.grads + st.optimizer
+        states = (rank_state_bytes(model, replace(base, offload_optimizer=off), rank) for off in offload)
+        floor = max(floor, min(_footprint_gib(RankMemory(rank, st, 0.0, buffers, 0)) for st in states))
+    return floor
 
 
 def _evaluate_chunk(args: tuple) -> list[Candidate]:
