@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import tomllib
@@ -145,6 +146,16 @@ def test_megatron_flags_for_moe_and_fp8():
     args = to_megatron(m, plan)
     assert "--expert-model-parallel-size" in args and args[args.index("--expert-model-parallel-size") + 1] == "64"
     assert args[args.index("--fp8-recipe") + 1] == "blockwise" and "--use-distributed-optimizer" in args
+    assert "--cuda-graph-impl" not in args  # eager
+    graphed = to_megatron(m, dataclasses.replace(plan, cuda_graphs=("attn", "moe_router")))
+    assert graphed[graphed.index("--cuda-graph-impl") :][:4] == [
+        "--cuda-graph-impl",
+        "transformer_engine",
+        "--cuda-graph-modules",
+        "attn",
+    ]
+    full = to_megatron(m, dataclasses.replace(plan, cuda_graphs=("full_iteration",)))
+    assert full[full.index("--cuda-graph-impl") + 1] == "full_iteration" and "--cuda-graph-modules" not in full
 
 
 def test_plan_cli_json_and_export(tmp_path):

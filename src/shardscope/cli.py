@@ -74,6 +74,12 @@ def estimate(
     ep_comm_overlap: Annotated[bool, typer.Option(help="hide EP all-to-alls under another micro-batch")] = False,
     ep_dispatch: Annotated[str, typer.Option(help="flat | hierarchical (one copy per node: DeepEP)")] = "flat",
     fsdp_prefetch: Annotated[int, typer.Option(help="FSDP layers gathered ahead (0 = no overlap)")] = 1,
+    cuda_graphs: Annotated[
+        str | None,
+        typer.Option(
+            help="CUDA-graphed scopes (default eager): attn,mlp,moe_router,moe_preprocess,moe | full_iteration"
+        ),
+    ] = None,
     offload_optimizer: Annotated[bool, typer.Option(help="optimizer states in host memory, Adam on the CPU")] = False,
     offload_activations: Annotated[float, typer.Option(help="fraction of saved activations offloaded")] = 0.0,
     optimizer_moments: Annotated[str, typer.Option(help="Adam m, v dtype: fp32 | bf16 | fp8 (Megatron)")] = "fp32",
@@ -140,6 +146,7 @@ def estimate(
             ep_comm_overlap=ep_comm_overlap,
             ep_dispatch=ep_dispatch,
             fsdp_prefetch=fsdp_prefetch,
+            cuda_graphs=cuda_graphs,
             offload_optimizer=offload_optimizer,
             offload_activations=offload_activations,
             optimizer_moments=optimizer_moments,

@@ -42,6 +42,7 @@ class TimeBreakdown:
     optimizer_s: float  # optimizer step (+ gradient clipping)
     recompute_s: float = 0.0  # part of compute_s spent re-running forward ops
     comm_total_s: float = 0.0  # all communication, hidden or not
+    host_stall_s: float = 0.0  # part of compute_s the GPU waits for the host to launch work (eager mode)
     detail: dict[str, float] = field(default_factory=dict)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from shardscope.costs.comm import GroupPlacement, collective_time_s, place_group
 from shardscope.costs.compute import group_times_s, memory_time_s
 from shardscope.costs.efficiency import overlap_slowdown
+from shardscope.costs.host import host_stall_s
 from shardscope.costs.memory import (
     CONTEXT_BYTES,
     FRAGMENTATION,
@@ -77,14 +78,24 @@ class PhaseCost:
     gemm_s: float = 0.0
     attention_s: float = 0.0
     attn_block_s: float = 0.0  # compute of a layer's attention half (OpGroup.attn_ops)
+    host_stall_s: float = 0.0  # part of compute_s the GPU waits for the host to issue work (costs.host)
 
 
 def _compute_cost(cluster: Cluster, plan: Plan, unit: OpGroup, backward: bool) -> PhaseCost:
-    """The compute half of a phase cost (communication is added by `_add_comms`)."""
+    """The compute half of a phase cost, on the GPU (communication is added by `_add_comms`, then the
+    wait for the host by `_add_host_stall`)."""
     times = group_times_s(cluster.gpu, unit, plan)[backward]
     gemm = sum(t for op, t in zip(unit.ops, times, strict=True) if op.kind == "gemm")
     attention = sum(t for op, t in zip(unit.ops, times, strict=True) if op.kind == "attention")
     return PhaseCost(sum(times), 0.0, 0.0, gemm, attention, sum(times[: unit.attn_ops]))
+
+
+def _add_host_stall(cluster: Cluster, plan: Plan, unit: OpGroup, backward: bool, cost: PhaseCost) -> PhaseCost:
+    """Add the time the GPU waits for the host to issue the phase's work (`costs.host`) to its compute."""
+    times = group_times_s(cluster.gpu, unit, plan)[backward]
+    cost.host_stall_s = host_stall_s(unit, times, backward, plan, cost.exposed_s)
+    cost.compute_s += cost.host_stall_s
+    return cost
 
 
 def _block_times(fwd: PhaseCost, bwd: PhaseCost) -> dict[str, float]:
@@ -123,10 +134,12 @@ def _phase_cost(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, bac
     Memoised on the unit: its op graph fixes every plan field this reads (its collectives run in the
     tp/cp/ep groups, whose placement the graph's degrees fix)."""
     phase = "bwd" if backward else "fwd"
-    return unit.memoised(
-        ("phase", cluster, backward),
-        lambda: _add_comms(cluster, groups, unit, phase, _compute_cost(cluster, plan, unit, backward), {}),
-    )
+
+    def cost() -> PhaseCost:
+        comms = _add_comms(cluster, groups, unit, phase, _compute_cost(cluster, plan, unit, backward), {})
+        return _add_host_stall(cluster, plan, unit, backward, comms)
+
+    return unit.memoised(("phase", cluster, backward), cost)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +155,7 @@ class LayerCost:
     fsdp_gather_s: float  # one all-gather of the layer (the first one of a step is never hidden)
     wgrad_s: float = 0.0  # the weight-gradient half of the layer's GEMM backward
     fsdp_reduce_s: float = 0.0  # one gradient reduce-scatter of the layer
+    recompute_stall_s: float = 0.0  # host stall inside `recompute_s` (full recompute re-runs the forward)
 
 
 def _layer_cost(
@@ -170,10 +184,12 @@ def _layer_cost_of(
 ) -> LayerCost:
     fwd, bwd = _compute_cost(cluster, plan, unit, False), _compute_cost(cluster, plan, unit, True)
     blocks = _block_times(fwd, bwd)
-    _add_comms(cluster, groups, unit, "fwd", fwd, blocks)
-    _add_comms(cluster, groups, unit, "bwd", bwd, blocks)
+    for phase, cost in (("fwd", fwd), ("bwd", bwd)):
+        _add_comms(cluster, groups, unit, phase, cost, blocks)
+        _add_host_stall(cluster, plan, unit, phase == "bwd", cost)
+    rec_stall = 0.0
     if plan.recompute == "full":
-        rec, rec_comm = fwd.compute_s, fwd.exposed_s
+        rec, rec_comm, rec_stall = fwd.compute_s, fwd.exposed_s, fwd.host_stall_s
     elif plan.recompute == "selective":
         rerun = unit.recomputed_ops(plan.recompute_modules)
         fwd_times = group_times_s(cluster.gpu, unit, plan)[0]
@@ -197,7 +213,7 @@ def _layer_cost_of(
         exposed = max(0.0, ag - d * fwd.compute_s) + max(0.0, ag + rs - d * (bwd.compute_s + rec))
         hidden = 2 * ag + rs - exposed
     wgrad = bwd.gemm_s / 2  # a GEMM's backward is its dgrad and its wgrad, of equal FLOPs
-    return LayerCost(fwd, bwd, rec, rec_comm, exposed, hidden, ag, wgrad, rs)
+    return LayerCost(fwd, bwd, rec, rec_comm, exposed, hidden, ag, wgrad, rs, rec_stall)
 
 
 @dataclass(slots=True)
@@ -211,6 +227,7 @@ class Stage:
     first_gather: float = 0.0
     fwd_exposed: float = 0.0  # exposed communication of the forward pass alone
     wgrad: float = 0.0  # weight-gradient GEMM time (zero-bubble schedules run it separately)
+    host_stall: float = 0.0  # part of `compute` the GPU waits for the host
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: int, causal: bool = True) -> float:
@@ -295,6 +312,7 @@ def _add_blocks(st: Stage, sc: StepCosts, counts: Mapping[LayerKind, int], recom
         st.bwd += n * (c.bwd.compute_s + rec)
         st.fwd_exposed += n * (c.fwd.exposed_s + (c.fsdp_exposed_s / 2))
         st.wgrad += n * c.wgrad_s
+        st.host_stall += n * (c.fwd.host_stall_s + c.bwd.host_stall_s + (c.recompute_stall_s if recomputed else 0.0))
 
 
 def mtp_cost(sc: StepCosts, model: ModelSpec, plan: Plan) -> Stage:
@@ -310,6 +328,7 @@ def mtp_cost(sc: StepCosts, model: ModelSpec, plan: Plan) -> Stage:
     for fwd, bwd in ((sc.mtp_fwd, sc.mtp_bwd), (sc.head_fwd, sc.head_bwd)):
         st.compute += n * (fwd.compute_s + bwd.compute_s)
         st.exposed += n * (fwd.exposed_s + bwd.exposed_s)
+        st.host_stall += n * (fwd.host_stall_s + bwd.host_stall_s)
         st.fwd += n * fwd.compute_s
         st.bwd += n * bwd.compute_s
         st.fwd_exposed += n * fwd.exposed_s
@@ -321,17 +340,19 @@ def stage_cost(sc: StepCosts, model: ModelSpec, plan: Plan, rank: int) -> Stage:
     layers = plan.rank_layers(model.layers)[rank]
     st = layers_cost(sc, model, plan, layers, plan.recomputed_layers(len(layers)))
     st.exposed += st.first_gather  # the first gather of each micro-batch has nothing to hide under
-    if rank == 0:
-        st.compute += sc.embed_fwd.compute_s + sc.embed_bwd.compute_s
-        st.exposed += sc.embed_fwd.exposed_s + sc.embed_bwd.exposed_s
+    ends = ((sc.embed_fwd, sc.embed_bwd),) if rank == 0 else ()
     if rank == plan.pp - 1:
-        st.compute += sc.head_fwd.compute_s + sc.head_bwd.compute_s
-        st.exposed += sc.head_fwd.exposed_s + sc.head_bwd.exposed_s
+        ends += ((sc.head_fwd, sc.head_bwd),)
         mtp = mtp_cost(sc, model, plan)
         st.compute += mtp.compute
         st.exposed += mtp.exposed
         st.hidden += mtp.hidden
         st.recompute += mtp.recompute
+        st.host_stall += mtp.host_stall
+    for fwd, bwd in ends:
+        st.compute += fwd.compute_s + bwd.compute_s
+        st.exposed += fwd.exposed_s + bwd.exposed_s
+        st.host_stall += fwd.host_stall_s + bwd.host_stall_s
     st.exposed += 2 * plan.vpp * sc.p2p_s  # activations / gradients to and from the neighbouring stages
     if plan.offload_activations:  # copies to the host under forward and back under backward
         moved = plan.offload_activations * _saved_per_microbatch(sc, model, plan, layers)
@@ -572,6 +593,7 @@ def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
         optimizer_s=optimizer_s,
         recompute_s=m * s.recompute,
         comm_total_s=m * (s.exposed + s.hidden) + dp.total_s,
+        host_stall_s=m * s.host_stall,
         detail={
             "dp_exposed_s": dp.exposed_s,
             "slowest_stage": float(slowest),

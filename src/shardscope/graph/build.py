@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from shardscope.costs.routing import RoutingLoad, routing_load
 from shardscope.graph.attention import attention_group
-from shardscope.graph.common import ALL, BF16, FP32, NOT_FULL, OpGroup, Shapes, gemm, norm
+from shardscope.graph.common import ALL, BF16, FP32, NOT_FULL, OpGroup, Shapes, gemm, norm, scoped
 from shardscope.graph.dit import dit_block_group, dit_embedding_group, dit_head_group
 from shardscope.graph.fp8 import quantization_bytes
 from shardscope.graph.mlp import dense_mlp_group, moe_group
@@ -56,6 +56,7 @@ def layer_group(
     else:
         attn, ai, ag = attention_group(model, plan, kind)
         mlp, mi, mg = moe_group(model, plan, load) if kind.mlp == "moe" else dense_mlp_group(model, plan)
+        attn = replace(attn, ops=tuple(scoped(list(attn.ops), "attn")))
         group = replace(attn + mlp, attn_ops=len(attn.ops))
     if plan.precision == "fp8":
         fwd_b, bwd_b = quantization_bytes(plan, arch, ai + mi, ag + mg)
@@ -152,6 +153,7 @@ GRAPH_FIELDS = (
     "tp_comm_overlap",
     "ep_comm_overlap",
     "ep_dispatch",
+    "cuda_graphs",
 )
 _GRAPH_CACHE: dict[tuple, StageGraph] = {}
 

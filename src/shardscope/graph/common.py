@@ -83,6 +83,11 @@ def tagged(items: list, *modules: str) -> list:
     return [replace(x, modules=x.modules | frozenset(modules)) for x in items]
 
 
+def scoped(ops: list[Op], scope: str) -> list[Op]:
+    """`ops` marked as captured by the Megatron-Core CUDA-graph module `scope` (ops already in one keep it)."""
+    return [op if op.scope else replace(op, scope=scope) for op in ops]
+
+
 def norm(name: str, model: ModelSpec, tokens: float, width: int | None = None) -> tuple[Op, Saved]:
     """A fused RMSNorm/LayerNorm: reads and writes the activation; saves fp32 statistics."""
     w = width or model.hidden

@@ -21,6 +21,7 @@ from shardscope.graph.common import (
     gemm,
     norm,
     residual,
+    scoped,
     tagged,
     tp_collectives,
 )
@@ -88,7 +89,7 @@ def dense_mlp_group(model: ModelSpec, plan: Plan) -> tuple[OpGroup, float, float
     f_ops, f_saved, fi, fg = _ffn(model, "", t, model.ffn_hidden // plan.tp, sh.fp8, sh.gemm_in)
     ops += f_ops + [residual("mlp residual add", model, t_sp)]
     saved += f_saved + [Saved("down proj out", BF16 * t_sp * h, SELECTIVE_ONLY)]
-    return OpGroup(tuple(ops), tuple(saved), tuple(tp_collectives(plan, "mlp", BF16 * t * h))), fi, fg
+    return OpGroup(tuple(scoped(ops, "mlp")), tuple(saved), tuple(tp_collectives(plan, "mlp", BF16 * t * h))), fi, fg
 
 
 def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float, float]:
@@ -120,8 +121,13 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
         )
     )
     saved.append(Saved("router probabilities", FP32 * tm * moe.experts, NOT_FULL))
+    ops = scoped(ops, "moe_router")
     perm = BF16 * tm * moe.top_k * h
-    ops.append(Op("permute", "memory", bytes=BF16 * tm * h + perm, bwd_bytes=BF16 * tm * h + perm))
+    # A dropless dispatcher sizes its buffers and all-to-all splits from the per-expert token counts,
+    # which it copies to the host: the host waits for the router before issuing the rest of the layer.
+    dropless = plan.capacity_factor == 0
+    moved = BF16 * tm * h + perm
+    ops.append(Op("permute", "memory", bytes=moved, bwd_bytes=moved, scope="moe_preprocess", host_sync=dropless))
     dispatch = load * perm
     fanout = (
         TokenFanout(moe.experts, moe.top_k, moe.groups, moe.groups_per_token)
@@ -170,10 +176,11 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
             sh.gemm_in,
             modules=("moe", "shared_experts"),
         )
-        ops += s_ops
+        # Megatron graphs the shared experts with the router unless they overlap the EP all-to-alls
+        ops += s_ops if plan.ep_comm_overlap else scoped(s_ops, "moe_router")
         saved += s_saved
         fi, fg = fi + si, fg + sg
         comms += tp_collectives(plan, "shared expert", BF16 * t * h)
     ops.append(residual("mlp residual add", model, t_sp))
     saved.append(Saved("moe output", BF16 * t_sp * h, SELECTIVE_ONLY))
-    return OpGroup(tuple(ops), tuple(saved), tuple(comms)), fi, fg
+    return OpGroup(tuple(scoped(ops, "moe")), tuple(saved), tuple(comms)), fi, fg

@@ -23,6 +23,9 @@ class Op:
     `attention`: flash attention; backward FLOPs are 2.5x forward (5 matmuls vs 2, Dao 2023).
     `memory`: bandwidth-bound (norms, activations, rope, residual adds, casts, loss).
     `cheap` ops are the ones the "selective" recompute policy recomputes instead of saving.
+    `scope` is the Megatron-Core CUDA-graph module that captures the op (`--cuda-graph-modules`: attn,
+    mlp, moe_router, moe_preprocess, moe); `host_sync` marks an op the host issues only after waiting for
+    the GPU (a dropless MoE dispatcher copies the per-expert token counts to the host first).
     """
 
     name: str
@@ -36,6 +39,8 @@ class Op:
     fp8: bool = False  # a GEMM that an FP8 recipe runs in FP8 (fwd, dgrad and wgrad)
     groups: int = 1  # grouped GEMM: `groups` problems of M/groups rows each (MoE experts)
     modules: frozenset[str] = frozenset()  # Megatron recompute modules that re-run it (see MEGATRON_MODULES)
+    scope: str = ""
+    host_sync: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,8 @@ Precision = Literal["bf16", "fp16", "fp8"]
 Fp8Recipe = Literal["tensorwise", "delayed", "blockwise", "mxfp8"]
 AttentionKernel = Literal["auto", "fa2", "fa3", "cudnn", "unfused"]
 RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
+# Megatron-Core CUDA-graph capture (`--cuda-graph-modules`, per layer) or the whole step (`full_iteration`)
+CUDA_GRAPH_SCOPES: tuple[str, ...] = ("attn", "mlp", "moe_router", "moe_preprocess", "moe", "full_iteration")
 MOMENT_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}  # each of Adam's m, v per parameter
 MAIN_GRAD_BYTES = {"fp32": 4, "bf16": 2}
 
@@ -75,6 +77,9 @@ class Plan:
     offload_activations: float = 0.0  # fraction of saved activations kept in host memory
     ep_dispatch: Literal["flat", "hierarchical"] = "flat"  # hierarchical: one copy per node (DeepEP/HybridEP)
     pp_layout: tuple[int, ...] = ()  # decoder layers per model chunk (pp·vpp of them); () = even split
+    cuda_graphs: tuple[
+        str, ...
+    ] = ()  # CUDA-graphed scopes (CUDA_GRAPH_SCOPES); () = eager, every op launched by the host
 
     def stage_layers(self, layers: int) -> int:
         """Layers on the most-loaded pipeline rank."""
@@ -167,11 +172,26 @@ def _positive(name: str, value: int) -> None:
         raise ShardscopeError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _check_cuda_graphs(scopes: tuple[str, ...]) -> None:
+    unknown = sorted(set(scopes) - set(CUDA_GRAPH_SCOPES))
+    if unknown:
+        raise ShardscopeError(
+            f"--cuda-graphs: unknown {', '.join(unknown)}; choose from {', '.join(CUDA_GRAPH_SCOPES)}"
+        )
+    if "full_iteration" in scopes and len(scopes) > 1:
+        raise ShardscopeError("--cuda-graphs full_iteration captures the whole step; list no other scope with it")
+    if "moe_preprocess" in scopes and "moe_router" not in scopes:
+        raise ShardscopeError(
+            "--cuda-graphs moe_preprocess must be used together with moe_router (as in Megatron-Core)"
+        )
+
+
 def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
     """Build and validate a plan; `dp` is derived as gpus / (tp·pp·cp) when left out (0/None)."""
     kw = {k: v for k, v in kw.items() if v is not None}
-    if isinstance(kw.get("recompute_modules"), str):
-        kw["recompute_modules"] = tuple(m.strip() for m in kw["recompute_modules"].split(",") if m.strip())
+    for name in ("recompute_modules", "cuda_graphs"):
+        if isinstance(kw.get(name), str):
+            kw[name] = tuple(m.strip() for m in kw[name].split(",") if m.strip())
     if isinstance(kw.get("pp_layout"), str):
         kw["pp_layout"] = parse_pp_layout(kw["pp_layout"])
     dp = kw.pop("dp", 0) or 0
@@ -283,6 +303,7 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         raise ShardscopeError(f"--optimizer-moments must be fp32, bf16 or fp8, got {plan.optimizer_moments!r}")
     if plan.main_grads not in MAIN_GRAD_BYTES:
         raise ShardscopeError(f"--main-grads must be fp32 or bf16, got {plan.main_grads!r}")
+    _check_cuda_graphs(plan.cuda_graphs)
     if plan.fsdp and plan.zero not in (0, 3):
         raise ShardscopeError("--fsdp already means fully sharded; do not combine it with --zero 1/2")
     return plan

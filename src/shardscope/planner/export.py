@@ -163,6 +163,10 @@ def to_megatron(model: ModelSpec, plan: Plan) -> list[str]:
         args += ["--exp-avg-dtype", m, "--exp-avg-sq-dtype", m, "--main-grads-dtype", plan.main_grads]
     if plan.ep_comm_overlap:
         args.append("--overlap-moe-expert-parallel-comm")
+    if plan.cuda_graphs == ("full_iteration",):
+        args += ["--cuda-graph-impl", "full_iteration"]
+    elif plan.cuda_graphs:
+        args += ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-modules", *plan.cuda_graphs]
     return args
 
 

@@ -46,6 +46,7 @@ def print_estimate(est: Estimate, console: Console | None = None) -> None:
     for name, value in (
         ("compute", t.compute_s),
         ("  of which recompute", t.recompute_s),
+        ("  of which waiting for the host", t.host_stall_s),
         ("exposed communication", t.exposed_comm_s),
         ("pipeline bubble", t.bubble_s),
         ("optimizer", t.optimizer_s),

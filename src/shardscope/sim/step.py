@@ -275,6 +275,7 @@ def simulate_step(
         optimizer_s=optimizer_s,
         recompute_s=m * st.recompute * slowdown[crit],
         comm_total_s=analytic.time.comm_total_s,
+        host_stall_s=m * st.host_stall * slowdown[crit],
         detail={
             "schedule": float(["gpipe", "1f1b", "interleaved", "zb-h1", "dualpipe"].index(name)),
             "analytic_step_s": analytic.step_time_s,

@@ -22,6 +22,8 @@ Defaults for blank cells (the frameworks' own recipes, never tuned to a row):
   MTP           DeepSeek-V3 rows train the MTP module unless the table says "w/o MTP" (the recipe's
                 default; the rows' TFLOP/s-to-tokens/s ratios include its FLOPs), on the last stage.
   PP layout     the recipe's Megatron pipeline layout where it sets one (DeepSeek-V3), else the even split.
+  CUDA graphs   the recipe's captured scopes for Megatron-Bridge MoE rows; eager (none) elsewhere, as the
+                other sources do not say.
   MoE models    structure from the catalog config (MLA, shared experts, dense layers, windows), after
                 checking the row's columns agree with it.
 """
@@ -197,6 +199,14 @@ def megatron_bridge_recipe(row: dict[str, str]) -> dict | None:
     return None
 
 
+def recipe_cuda_graphs(recipe: dict) -> tuple[str, ...]:
+    """The recipe's CUDA-graph scopes: `none`, `full_iteration` or `partial: <scope>, <scope>...`."""
+    graphs = recipe["cuda_graphs"].strip()
+    if graphs == "none":
+        return ()
+    return tuple(s.strip() for s in graphs.removeprefix("partial:").split(","))
+
+
 def _moe_settings(row: dict[str, str], recipe: dict | None) -> dict:
     """EP overlap and dispatch: the recipe's where known, else the defaults of Megatron-Bridge perf runs
     (flex dispatcher, overlap where Megatron-Core allows it: no pipeline or an interleaved one)."""
@@ -204,6 +214,7 @@ def _moe_settings(row: dict[str, str], recipe: dict | None) -> dict:
         return {
             "ep_comm_overlap": recipe["ep_comm_overlap"],
             "ep_dispatch": "flat" if recipe["dispatcher"] == "alltoall" else "hierarchical",
+            "cuda_graphs": recipe_cuda_graphs(recipe),
         }
     megatron = row.get("source") in MEGATRON_SOURCES
     overlap = megatron and _int(row, "ep", 1) > 1 and (_int(row, "pp", 1) == 1 or _int(row, "vpp", 1) > 1)

@@ -1,0 +1,101 @@
+"""Host (launch) time in eager mode: the GPU waits for the host where it issues work slower than the GPU
+runs it, CUDA graphs remove that wait, and a synchronisation stops the host from running ahead."""
+
+from __future__ import annotations
+
+import pytest
+
+import shardscope
+from shardscope.costs.host import GEMM_CALL_S, LAUNCH_S, host_stall_s, op_host_s
+from shardscope.errors import ShardscopeError
+from shardscope.graph.build import build_stage_graph
+from shardscope.graph.common import OpGroup
+from shardscope.graph.ops import Op
+from shardscope.hardware.catalog import make_cluster
+from shardscope.models.catalog import load_model
+from shardscope.plan.plan import Plan, make_plan
+
+QWEN3_30B = dict(gpu="B200", gpus=8, ep=8, global_batch=64, seq_len=4096, precision="fp8", fp8_recipe="mxfp8")
+
+
+def _moe_layer(ep: int = 8, **kw):
+    model, cluster = load_model("qwen3-30b-a3b"), make_cluster("B200", 8)
+    plan = make_plan(model, cluster, ep=ep, global_batch=64, seq_len=4096, **kw)
+    graph = build_stage_graph(model, plan, cluster.gpu.arch)
+    return plan, next(g for k, g in graph.layers.items() if k.mlp == "moe")
+
+
+def test_a_sync_stops_the_host_running_ahead():
+    """A long GPU kernel, then a host-heavy GEMM loop: the host issues the loop while the kernel runs,
+    unless it must first wait for the kernel (a sync before the loop)."""
+    kernel_s, loop_host_s = 200e-6, 4 * GEMM_CALL_S
+    plan = Plan()
+    for synced, stall in ((False, 0.0), (True, loop_host_s)):
+        loop = Op("loop", "gemm", groups=4, host_sync=synced)
+        unit = OpGroup((Op("kernel", "memory"), loop), (), ())
+        assert host_stall_s(unit, (kernel_s, 0.0), False, plan) == pytest.approx(stall)
+        # backward never synchronises: two GEMM calls per expert, all issued while the kernel runs
+        assert host_stall_s(unit, (kernel_s, 0.0), True, plan) == pytest.approx(LAUNCH_S + 2 * loop_host_s - kernel_s)
+
+
+def test_exposed_communication_counts_as_gpu_time_of_the_last_segment():
+    unit = OpGroup((Op("loop", "gemm", groups=4),), (), ())
+    busy = host_stall_s(unit, (0.0,), False, Plan(), exposed_comm_s=1.0)
+    idle = host_stall_s(unit, (0.0,), False, Plan())
+    assert busy == 0.0 and idle == pytest.approx(4 * GEMM_CALL_S)
+
+
+def test_moe_layer_scopes_and_sync():
+    plan, layer = _moe_layer()
+    scope = {op.name: op.scope for op in layer.ops}
+    assert scope["router"] == scope["router top-k"] == scope["mlp norm"] == "moe_router"
+    assert scope["permute"] == "moe_preprocess"
+    assert scope["experts gate/up proj"] == scope["experts down proj"] == "moe"
+    assert all(op.scope == "attn" for op in layer.ops[: layer.attn_ops])
+    assert [op.name for op in layer.ops if op.host_sync] == ["permute"]  # dropless: one sync
+    _, padded = _moe_layer(capacity_factor=1.0)
+    assert not any(op.host_sync for op in padded.ops)
+
+
+def test_grouped_gemm_host_time_is_per_local_expert():
+    """One GEMM call per local expert forward, two backward; FP8 current scaling adds its casts."""
+    model = load_model("qwen3-30b-a3b")
+    for ep in (2, 4, 8):
+        plan, layer = _moe_layer(ep=ep)
+        up = next(op for op in layer.ops if op.name == "experts gate/up proj")
+        assert op_host_s(up, False, plan) == pytest.approx(128 // ep * GEMM_CALL_S)
+        assert op_host_s(up, True, plan) == pytest.approx(2 * 128 // ep * GEMM_CALL_S)
+    fp8 = make_plan(model, make_cluster("H100", 8), ep=8, global_batch=64, seq_len=4096, precision="fp8")
+    layer = next(g for k, g in build_stage_graph(model, fp8).layers.items() if k.mlp == "moe")
+    up = next(op for op in layer.ops if op.name == "experts gate/up proj")
+    assert op_host_s(up, False, fp8) == pytest.approx(16 * (GEMM_CALL_S + 4 * LAUNCH_S))
+
+
+def test_cuda_graphs_remove_exactly_the_host_wait():
+    """Capturing the whole step changes nothing but the host wait, so the eager step is longer by it."""
+    eager = shardscope.estimate("qwen3-30b-a3b", **QWEN3_30B)
+    graphed = shardscope.estimate("qwen3-30b-a3b", cuda_graphs="full_iteration", **QWEN3_30B)
+    partial = shardscope.estimate("qwen3-30b-a3b", cuda_graphs="attn,moe_router,moe_preprocess", **QWEN3_30B)
+    assert graphed.time.host_stall_s == 0.0
+    assert eager.time.host_stall_s > 0.1 * eager.step_time_s  # 16 local experts a GPU: host-bound
+    assert eager.step_time_s - graphed.step_time_s == pytest.approx(eager.time.host_stall_s, rel=1e-6)
+    assert graphed.step_time_s < partial.step_time_s < eager.step_time_s
+    sim = shardscope.estimate("qwen3-30b-a3b", simulate=True, **QWEN3_30B)
+    assert sim.time.host_stall_s == pytest.approx(eager.time.host_stall_s, rel=1e-6)
+
+
+def test_large_dense_layers_hide_the_host():
+    """Llama-3.1-70B at 8k tokens a micro-batch: seconds of GPU work per step, the launches hide."""
+    est = shardscope.estimate("llama3.1-70b", gpu="H100", gpus=64, tp=8, pp=2, zero=1, global_batch=128, seq_len=8192)
+    assert est.time.host_stall_s == 0.0
+
+
+def test_cuda_graph_errors():
+    model, cluster = load_model("qwen3-30b-a3b"), make_cluster("H100", 8)
+    for bad, message in (
+        ("bogus", "unknown bogus"),
+        ("moe_preprocess", "together with moe_router"),
+        ("attn,full_iteration", "list no other scope"),
+    ):
+        with pytest.raises(ShardscopeError, match=message):
+            make_plan(model, cluster, cuda_graphs=bad, global_batch=8)
