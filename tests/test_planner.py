@@ -336,3 +336,18 @@ def test_search_finds_plans_that_fit_only_with_optimizer_offload():
     assert found is not None and found.plan.offload_optimizer
     assert found.estimate.memory.required_gib <= cluster.gpu.hbm_gib
     assert evaluate_structure(model, cluster, kw, offload_ok=False) is None
+
+
+def test_search_with_cuda_graphs():
+    """Every plan of a graphed search carries the scopes, and capturing the whole step removes the host
+    wait, so the best MoE plan gets faster; a bad scope is an error, not an empty search."""
+    from shardscope.planner.space import SearchSpace
+
+    m, c = load_model("qwen3-30b-a3b"), make_cluster("B200", 8)
+    eager = search(m, c, 64, 4096)
+    graphed = search(m, c, 64, 4096, space=SearchSpace(cuda_graphs=("full_iteration",)))
+    assert all(x.plan.cuda_graphs == ("full_iteration",) for x in graphed.candidates)
+    assert all(x.estimate.time.host_stall_s == 0 for x in graphed.candidates)
+    assert graphed.candidates[0].estimate.step_time_s < eager.candidates[0].estimate.step_time_s
+    r = runner.invoke(app, ["plan", "qwen3-30b-a3b", "--gpus", "8", "--cuda-graphs", "layer"])
+    assert r.exit_code == 2 and "unknown layer" in r.stderr

@@ -180,6 +180,9 @@ def plan(
     price_per_gpu_hour: Annotated[float | None, typer.Option(help="price of one GPU-hour")] = None,
     export: Annotated[str | None, typer.Option(help="write the best plan as torchtitan | megatron | deepspeed")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="file for --export (default: stdout)")] = None,
+    cuda_graphs: Annotated[
+        str, typer.Option(help="CUDA-graphed scopes every plan runs with (default eager), e.g. full_iteration")
+    ] = "",
     workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
     executor: Annotated[str, typer.Option(help="local | ray")] = "local",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
@@ -206,6 +209,7 @@ def plan(
             workers=workers,
             executor=executor,
             as_json=as_json,
+            cuda_graphs=cuda_graphs,
         )
     except ShardscopeError as exc:
         _fail(str(exc))
@@ -282,6 +286,9 @@ def report(
     seq_len: Annotated[int, typer.Option(help="sequence length in tokens")] = 4096,
     global_batch: Annotated[int, typer.Option(help="sequences per optimizer step")] = 256,
     objective: Annotated[str, typer.Option(help="throughput | memory | cost")] = "throughput",
+    cuda_graphs: Annotated[
+        str, typer.Option(help="CUDA-graphed scopes every plan runs with (default eager), e.g. full_iteration")
+    ] = "",
     workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
 ) -> None:
     """Search the plans and write a self-contained interactive HTML report."""

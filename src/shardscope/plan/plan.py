@@ -172,7 +172,9 @@ def _positive(name: str, value: int) -> None:
         raise ShardscopeError(f"{name} must be a positive integer, got {value!r}")
 
 
-def _check_cuda_graphs(scopes: tuple[str, ...]) -> None:
+def cuda_graph_scopes(value: str | tuple[str, ...]) -> tuple[str, ...]:
+    """`--cuda-graphs` ("attn,moe_router" or a tuple) as a validated tuple of scopes."""
+    scopes = tuple(m.strip() for m in value.split(",") if m.strip()) if isinstance(value, str) else tuple(value)
     unknown = sorted(set(scopes) - set(CUDA_GRAPH_SCOPES))
     if unknown:
         raise ShardscopeError(
@@ -184,14 +186,15 @@ def _check_cuda_graphs(scopes: tuple[str, ...]) -> None:
         raise ShardscopeError(
             "--cuda-graphs moe_preprocess must be used together with moe_router (as in Megatron-Core)"
         )
+    return scopes
 
 
 def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
     """Build and validate a plan; `dp` is derived as gpus / (tp·pp·cp) when left out (0/None)."""
     kw = {k: v for k, v in kw.items() if v is not None}
-    for name in ("recompute_modules", "cuda_graphs"):
-        if isinstance(kw.get(name), str):
-            kw[name] = tuple(m.strip() for m in kw[name].split(",") if m.strip())
+    if isinstance(kw.get("recompute_modules"), str):
+        kw["recompute_modules"] = tuple(m.strip() for m in kw["recompute_modules"].split(",") if m.strip())
+    kw["cuda_graphs"] = cuda_graph_scopes(kw.get("cuda_graphs", ()))
     if isinstance(kw.get("pp_layout"), str):
         kw["pp_layout"] = parse_pp_layout(kw["pp_layout"])
     dp = kw.pop("dp", 0) or 0
@@ -303,7 +306,6 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         raise ShardscopeError(f"--optimizer-moments must be fp32, bf16 or fp8, got {plan.optimizer_moments!r}")
     if plan.main_grads not in MAIN_GRAD_BYTES:
         raise ShardscopeError(f"--main-grads must be fp32 or bf16, got {plan.main_grads!r}")
-    _check_cuda_graphs(plan.cuda_graphs)
     if plan.fsdp and plan.zero not in (0, 3):
         raise ShardscopeError("--fsdp already means fully sharded; do not combine it with --zero 1/2")
     return plan

@@ -10,6 +10,7 @@ from pathlib import Path
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import make_cluster
 from shardscope.models.catalog import load_model
+from shardscope.plan.plan import cuda_graph_scopes
 from shardscope.planner.cost import parse_tokens, training_cost
 from shardscope.planner.export import FORMATS
 from shardscope.planner.export import export as export_plan
@@ -59,6 +60,7 @@ def run_plan_command(
     workers: int,
     executor: str,
     as_json: bool,
+    cuda_graphs: str = "",
 ) -> SearchResult:
     from shardscope import video_seq_len
 
@@ -75,7 +77,7 @@ def run_plan_command(
     n_tokens = parse_tokens(tokens) if tokens else None
     if precision == "fp8":
         cluster.gpu.peak_tflops("fp8")
-    space = SearchSpace()
+    space = SearchSpace(cuda_graphs=cuda_graph_scopes(cuda_graphs))
     if as_json:
         result = search(spec, cluster, global_batch, seq_len, objective, space, workers, executor)
     else:

@@ -43,6 +43,7 @@ class SearchSpace:
     max_tp: int = 8
     max_cp: int = 32
     min_tokens_per_cp_rank: int = 1024
+    cuda_graphs: tuple[str, ...] = ()  # CUDA-graphed scopes every plan runs with (() = eager)
 
 
 def _pow2_upto(n: int) -> list[int]:
@@ -106,5 +107,6 @@ def structures(
                                     micro_batch=mb,
                                     global_batch=global_batch,
                                     seq_len=seq_len,
+                                    cuda_graphs=space.cuda_graphs,
                                     **kw,
                                 )
