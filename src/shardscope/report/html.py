@@ -60,7 +60,8 @@ def report_data(model: ModelSpec, cluster: Cluster, result: SearchResult, sim: S
     times = [
         {
             "label": _label(c),
-            "compute": c.estimate.time.compute_s,
+            "compute": c.estimate.time.compute_s - c.estimate.time.host_stall_s,
+            "host": c.estimate.time.host_stall_s,
             "comm": c.estimate.time.exposed_comm_s,
             "bubble": c.estimate.time.bubble_s,
             "optimizer": c.estimate.time.optimizer_s,
