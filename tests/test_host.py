@@ -9,7 +9,6 @@ import shardscope
 from shardscope.costs.host import GEMM_CALL_S, LAUNCH_S, host_stall_s, op_host_s
 from shardscope.errors import ShardscopeError
 from shardscope.graph.build import build_stage_graph
-from shardscope.graph.common import OpGroup
 from shardscope.graph.ops import Op
 from shardscope.hardware.catalog import make_cluster
 from shardscope.models.catalog import load_model
@@ -29,20 +28,44 @@ def test_a_sync_stops_the_host_running_ahead():
     """A long GPU kernel, then a host-heavy GEMM loop: the host issues the loop while the kernel runs,
     unless it must first wait for the kernel (a sync before the loop)."""
     kernel_s, loop_host_s = 200e-6, 4 * GEMM_CALL_S
-    plan = Plan()
     for synced, stall in ((False, 0.0), (True, loop_host_s)):
-        loop = Op("loop", "gemm", groups=4, host_sync=synced)
-        unit = OpGroup((Op("kernel", "memory"), loop), (), ())
-        assert host_stall_s(unit, (kernel_s, 0.0), False, plan) == pytest.approx(stall)
+        ops = (Op("kernel", "memory"), Op("loop", "gemm", groups=4, host_sync=synced))
+        assert host_stall_s(ops, (kernel_s, 0.0), False, Plan()) == pytest.approx(stall)
         # backward never synchronises: two GEMM calls per expert, all issued while the kernel runs
-        assert host_stall_s(unit, (kernel_s, 0.0), True, plan) == pytest.approx(LAUNCH_S + 2 * loop_host_s - kernel_s)
+        assert host_stall_s(ops, (kernel_s, 0.0), True, Plan()) == pytest.approx(LAUNCH_S + 2 * loop_host_s - kernel_s)
 
 
-def test_exposed_communication_counts_as_gpu_time_of_the_last_segment():
-    unit = OpGroup((Op("loop", "gemm", groups=4),), (), ())
-    busy = host_stall_s(unit, (0.0,), False, Plan(), exposed_comm_s=1.0)
-    idle = host_stall_s(unit, (0.0,), False, Plan())
-    assert busy == 0.0 and idle == pytest.approx(4 * GEMM_CALL_S)
+def test_graphing_the_router_and_preprocess_keeps_the_sync():
+    """Megatron-Core reads the token counts after the graphed preprocess, so the host still waits there;
+    capturing the whole MoE layer (sync-free dispatch) or the whole step removes the wait."""
+    kernel_s = 200e-6
+    ops = (
+        Op("attention", "attention", scope="attn"),
+        Op("permute", "memory", scope="moe_preprocess", host_sync=True),
+        Op("loop", "gemm", groups=4),
+    )
+    times = (kernel_s, 0.0, 0.0)
+    partial = Plan(cuda_graphs=("attn", "moe_router", "moe_preprocess"))
+    assert host_stall_s(ops, times, False, partial) == pytest.approx(4 * GEMM_CALL_S)
+    assert host_stall_s(ops, times, False, Plan(cuda_graphs=("attn", "moe"))) == 0.0
+
+
+def test_exposed_communication_is_gpu_time_of_its_segment():
+    """The MoE dispatch runs after the sync, beside the expert loop; other exposed communication (TP,
+    CP) runs before it and cannot hide the loop."""
+    ops = (Op("router", "memory"), Op("loop", "gemm", groups=4, host_sync=True))
+    loop_s = 4 * GEMM_CALL_S
+    assert host_stall_s(ops, (0.0, 0.0), False, Plan()) == pytest.approx(LAUNCH_S + loop_s)
+    dispatch = host_stall_s(ops, (0.0, 0.0), False, Plan(), exposed_comm_s=1.0, dispatch_comm_s=1.0)
+    assert dispatch == pytest.approx(LAUNCH_S)  # only the router's launch is left waiting
+    tp_only = host_stall_s(ops, (0.0, 0.0), False, Plan(), exposed_comm_s=1.0, dispatch_comm_s=0.0)
+    assert tp_only == pytest.approx(loop_s)
+
+
+def test_plan_takes_scopes_as_text():
+    assert Plan(cuda_graphs="moe_router, attn").cuda_graphs == ("moe_router", "attn")
+    with pytest.raises(ShardscopeError, match="unknown layers"):
+        Plan(cuda_graphs="layers")
 
 
 def test_moe_layer_scopes_and_sync():
@@ -99,3 +122,31 @@ def test_cuda_graph_errors():
     ):
         with pytest.raises(ShardscopeError, match=message):
             make_plan(model, cluster, cuda_graphs=bad, global_batch=8)
+
+
+@pytest.mark.parametrize(
+    "name,plan",
+    [
+        ("qwen3-30b-a3b", dict(QWEN3_30B, recompute="full")),
+        ("qwen3-30b-a3b", dict(QWEN3_30B, recompute="selective", recompute_modules="moe")),
+        ("deepseek-v3", dict(gpu="H100", gpus=256, ep=8, global_batch=256, seq_len=1024, mtp=True)),
+    ],
+)
+def test_host_wait_is_all_of_what_graphs_save(name, plan):
+    """Recompute re-runs host-bound forward work and the MTP module adds a block: every wait is in
+    `host_stall_s` (one pipeline stage, so no bubble grows with it)."""
+    eager = shardscope.estimate(name, **plan)
+    graphed = shardscope.estimate(name, cuda_graphs="full_iteration", **plan)
+    assert eager.time.host_stall_s > 0 and graphed.time.host_stall_s == 0.0
+    assert eager.step_time_s - graphed.step_time_s == pytest.approx(eager.time.host_stall_s, rel=1e-6)
+
+
+def test_recipe_scopes():
+    from shardscope.validate.rows import recipe_cuda_graphs
+
+    assert recipe_cuda_graphs({"cuda_graphs": "none"}) == ()
+    assert recipe_cuda_graphs({"cuda_graphs": "full_iteration"}) == ("full_iteration",)
+    assert recipe_cuda_graphs({"cuda_graphs": "partial: moe_router, moe_preprocess"}) == (
+        "moe_router",
+        "moe_preprocess",
+    )

@@ -294,14 +294,17 @@ def report(
     """Search the plans and write a self-contained interactive HTML report."""
     from shardscope.hardware.catalog import make_cluster
     from shardscope.models.catalog import load_model
+    from shardscope.plan.plan import cuda_graph_scopes
     from shardscope.planner.search import search
+    from shardscope.planner.space import SearchSpace
     from shardscope.report.html import write_report
     from shardscope.sim import simulate_step
 
     try:
         spec = load_model(model)
         cluster = make_cluster(gpu, gpus)
-        result = search(spec, cluster, global_batch, seq_len, objective, workers=workers)
+        space = SearchSpace(cuda_graphs=cuda_graph_scopes(cuda_graphs))
+        result = search(spec, cluster, global_batch, seq_len, objective, space, workers=workers)
         if not result.candidates:
             raise ShardscopeError(f"no plan of {spec.name} fits {gpus}x {cluster.gpu.name} at this batch")
         best = result.candidates[0].plan

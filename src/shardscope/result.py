@@ -42,7 +42,8 @@ class TimeBreakdown:
     optimizer_s: float  # optimizer step (+ gradient clipping)
     recompute_s: float = 0.0  # part of compute_s spent re-running forward ops
     comm_total_s: float = 0.0  # all communication, hidden or not
-    host_stall_s: float = 0.0  # part of compute_s the GPU waits for the host to launch work (eager mode)
+    host_stall_s: float = 0.0  # part of compute_s the GPU waits for the host to launch work (eager mode);
+    # with pipeline stages the bubble, a multiple of a stage's time, grows with it too
     detail: dict[str, float] = field(default_factory=dict)
 
 

@@ -79,6 +79,7 @@ class PhaseCost:
     attention_s: float = 0.0
     attn_block_s: float = 0.0  # compute of a layer's attention half (OpGroup.attn_ops)
     host_stall_s: float = 0.0  # part of compute_s the GPU waits for the host to issue work (costs.host)
+    dispatch_exposed_s: float = 0.0  # part of exposed_s in the EP / ETP groups (the MoE dispatch)
 
 
 def _compute_cost(cluster: Cluster, plan: Plan, unit: OpGroup, backward: bool) -> PhaseCost:
@@ -93,7 +94,7 @@ def _compute_cost(cluster: Cluster, plan: Plan, unit: OpGroup, backward: bool) -
 def _add_host_stall(cluster: Cluster, plan: Plan, unit: OpGroup, backward: bool, cost: PhaseCost) -> PhaseCost:
     """Add the time the GPU waits for the host to issue the phase's work (`costs.host`) to its compute."""
     times = group_times_s(cluster.gpu, unit, plan)[backward]
-    cost.host_stall_s = host_stall_s(unit, times, backward, plan, cost.exposed_s)
+    cost.host_stall_s = host_stall_s(unit.ops, times, backward, plan, cost.exposed_s, cost.dispatch_exposed_s)
     cost.compute_s += cost.host_stall_s
     return cost
 
@@ -119,13 +120,13 @@ def _add_comms(
         if c.phase != phase:
             continue
         t = collective_time_s(cluster, c.kind, c.bytes, getattr(groups, c.group), c.fanout)
+        hidden = min(t, budget[c.hidden_by]) if c.hidden_by else 0.0
         if c.hidden_by:
-            hidden = min(t, budget[c.hidden_by])
             budget[c.hidden_by] -= hidden
-            cost.hidden_s += hidden
-            cost.exposed_s += t - hidden
-        else:
-            cost.exposed_s += t
+        cost.hidden_s += hidden
+        cost.exposed_s += t - hidden
+        if c.group in ("ep", "etp"):
+            cost.dispatch_exposed_s += t - hidden
     return cost
 
 
@@ -193,7 +194,10 @@ def _layer_cost_of(
     elif plan.recompute == "selective":
         rerun = unit.recomputed_ops(plan.recompute_modules)
         fwd_times = group_times_s(cluster.gpu, unit, plan)[0]
-        rec, rec_comm = sum(t for op, t in zip(unit.ops, fwd_times, strict=True) if op in rerun), 0.0
+        rerun_times = tuple(t for op, t in zip(unit.ops, fwd_times, strict=True) if op in rerun)
+        # the re-run forward ops are issued by the host too (a recomputed MoE block re-runs its expert loop)
+        rec_stall = host_stall_s(tuple(rerun), rerun_times, False, plan)
+        rec, rec_comm = sum(rerun_times) + rec_stall, 0.0
     else:
         rec, rec_comm = 0.0, 0.0
     exposed = hidden = ag = rs = 0.0

@@ -8,14 +8,13 @@ captured scope with one launch, which removes its host time (Megatron-Core `--cu
 the whole step with `full_iteration`).
 
 Per phase of a layer: time = Σ over segments between synchronisations of max(host, GPU); forward
-has the MoE dispatcher's one sync, backward none (the host runs ahead across its layers). The GPU side
-of the last segment includes the phase's exposed communication (the dispatcher's all-to-alls run after
-its sync, while the host issues the experts). The stall is what that adds to the GPU time.
+has the MoE dispatcher's one sync, backward none (the host runs ahead across its layers). Exposed
+communication keeps the GPU busy too: the dispatcher's all-to-alls after its sync, while the host issues
+the experts; TP and CP collectives before it. The stall is what that adds to the GPU time.
 """
 
 from __future__ import annotations
 
-from shardscope.graph.common import OpGroup
 from shardscope.graph.ops import Op
 from shardscope.plan.plan import Plan
 
@@ -40,25 +39,38 @@ def op_host_s(op: Op, backward: bool, plan: Plan) -> float:
     if "full_iteration" in plan.cuda_graphs or (op.scope and op.scope in plan.cuda_graphs):
         return 0.0
     if op.kind != "gemm":
-        return LAUNCH_S
+        return op.launches * LAUNCH_S
     calls = op.groups * (2 if backward else 1)
     quant = op.groups * QUANT_LAUNCHES[plan.fp8_recipe] if op.fp8 and plan.precision == "fp8" else 0
     return calls * GEMM_CALL_S + quant * LAUNCH_S
 
 
+def syncs(plan: Plan) -> bool:
+    """Whether the host waits at the ops marked `host_sync`: yes unless the MoE layer is captured whole
+    (`moe` or `full_iteration`), which Megatron-Core allows only with sync-free dispatch. Graphing the
+    router and the dispatcher's preprocess keeps the wait: the token counts are read after them."""
+    return not ({"moe", "full_iteration"} & set(plan.cuda_graphs))
+
+
 def host_stall_s(
-    unit: OpGroup, gpu_times: tuple[float, ...], backward: bool, plan: Plan, exposed_comm_s: float = 0.0
+    ops: tuple[Op, ...],
+    gpu_times: tuple[float, ...],
+    backward: bool,
+    plan: Plan,
+    exposed_comm_s: float = 0.0,
+    dispatch_comm_s: float = 0.0,
 ) -> float:
-    """Time the GPU waits for the host in one phase of `unit`: per segment between host
-    synchronisations (forward only), max(0, host time - GPU time), the exposed communication counted
-    as GPU time of the last segment."""
-    host = [op_host_s(op, backward, plan) for op in unit.ops]
+    """Time the GPU waits for the host in one phase of `ops`: per segment between host synchronisations
+    (forward only), max(0, host time - GPU time). Exposed communication is GPU time too: the MoE
+    dispatch (`dispatch_comm_s`, part of `exposed_comm_s`) of the segment after the last sync, the rest
+    of the first segment."""
+    host = [op_host_s(op, backward, plan) for op in ops]
     cuts = [0]
-    if not backward:
-        cuts += [i for i, op in enumerate(unit.ops) if op.host_sync and host[i] > 0]
-    cuts.append(len(unit.ops))
-    stall = 0.0
-    for a, b in zip(cuts, cuts[1:], strict=False):
-        gpu = sum(gpu_times[a:b]) + (exposed_comm_s if b == len(unit.ops) else 0.0)
-        stall += max(0.0, sum(host[a:b]) - gpu)
-    return stall
+    if not backward and syncs(plan):
+        cuts += [i for i, op in enumerate(ops) if op.host_sync and i > 0]
+    cuts.append(len(ops))
+    segments = list(zip(cuts, cuts[1:], strict=False))
+    comm = [0.0] * len(segments)
+    comm[0] += exposed_comm_s - dispatch_comm_s
+    comm[-1] += dispatch_comm_s
+    return sum(max(0.0, sum(host[a:b]) - sum(gpu_times[a:b]) - c) for (a, b), c in zip(segments, comm, strict=True))

@@ -41,6 +41,7 @@ class Op:
     modules: frozenset[str] = frozenset()  # Megatron recompute modules that re-run it (see MEGATRON_MODULES)
     scope: str = ""
     host_sync: bool = False
+    launches: int = 1  # kernels the host launches for it per phase (GEMMs: see costs.host)
 
 
 @dataclass(frozen=True, slots=True)

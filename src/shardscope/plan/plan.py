@@ -81,6 +81,10 @@ class Plan:
         str, ...
     ] = ()  # CUDA-graphed scopes (CUDA_GRAPH_SCOPES); () = eager, every op launched by the host
 
+    def __post_init__(self) -> None:
+        if type(self.cuda_graphs) is not tuple:  # "attn,moe_router" or a list: checked, as make_plan does
+            object.__setattr__(self, "cuda_graphs", cuda_graph_scopes(self.cuda_graphs))
+
     def stage_layers(self, layers: int) -> int:
         """Layers on the most-loaded pipeline rank."""
         return max(len(r) for r in self.rank_layers(layers))

@@ -19,7 +19,7 @@ from shardscope.costs.memory import GIB, buffer_bytes, rank_state_bytes
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
-from shardscope.plan.plan import Plan, make_plan
+from shardscope.plan.plan import Plan, cuda_graph_scopes, make_plan
 from shardscope.planner.space import RECOMPUTE_LEVELS, SearchSpace, structures
 from shardscope.result import Estimate
 
@@ -136,7 +136,9 @@ def search(
     """Every valid plan of `model` on `cluster` for this batch, feasible ones ranked by `objective`."""
     if objective not in OBJECTIVES:
         raise ShardscopeError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
-    todo = list(structures(model, cluster, global_batch, seq_len, space or SearchSpace()))
+    space = space or SearchSpace()
+    cuda_graph_scopes(space.cuda_graphs)  # a bad scope is an error here, not a search with no plan
+    todo = list(structures(model, cluster, global_batch, seq_len, space))
     if not todo:
         raise ShardscopeError(
             f"no parallel layout of {cluster.gpus} GPUs divides global batch {global_batch} and seq {seq_len}"
