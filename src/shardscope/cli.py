@@ -22,6 +22,12 @@ app = typer.Typer(
     help="Plan and simulate large-model training on GPU clusters: memory, step time, MFU.",
 )
 
+# --cuda-graphs of estimate, plan and report
+CudaGraphs = Annotated[
+    str,
+    typer.Option(help="CUDA-graphed scopes (default eager): attn,mlp,moe_router,moe_preprocess,moe | full_iteration"),
+]
+
 
 def _fail(msg: str) -> None:
     sys.stderr.write(f"error: {msg}\n")
@@ -74,12 +80,7 @@ def estimate(
     ep_comm_overlap: Annotated[bool, typer.Option(help="hide EP all-to-alls under another micro-batch")] = False,
     ep_dispatch: Annotated[str, typer.Option(help="flat | hierarchical (one copy per node: DeepEP)")] = "flat",
     fsdp_prefetch: Annotated[int, typer.Option(help="FSDP layers gathered ahead (0 = no overlap)")] = 1,
-    cuda_graphs: Annotated[
-        str | None,
-        typer.Option(
-            help="CUDA-graphed scopes (default eager): attn,mlp,moe_router,moe_preprocess,moe | full_iteration"
-        ),
-    ] = None,
+    cuda_graphs: CudaGraphs = "",
     offload_optimizer: Annotated[bool, typer.Option(help="optimizer states in host memory, Adam on the CPU")] = False,
     offload_activations: Annotated[float, typer.Option(help="fraction of saved activations offloaded")] = 0.0,
     optimizer_moments: Annotated[str, typer.Option(help="Adam m, v dtype: fp32 | bf16 | fp8 (Megatron)")] = "fp32",
@@ -180,9 +181,7 @@ def plan(
     price_per_gpu_hour: Annotated[float | None, typer.Option(help="price of one GPU-hour")] = None,
     export: Annotated[str | None, typer.Option(help="write the best plan as torchtitan | megatron | deepspeed")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="file for --export (default: stdout)")] = None,
-    cuda_graphs: Annotated[
-        str, typer.Option(help="CUDA-graphed scopes every plan runs with (default eager), e.g. full_iteration")
-    ] = "",
+    cuda_graphs: CudaGraphs = "",
     workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
     executor: Annotated[str, typer.Option(help="local | ray")] = "local",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
@@ -286,9 +285,7 @@ def report(
     seq_len: Annotated[int, typer.Option(help="sequence length in tokens")] = 4096,
     global_batch: Annotated[int, typer.Option(help="sequences per optimizer step")] = 256,
     objective: Annotated[str, typer.Option(help="throughput | memory | cost")] = "throughput",
-    cuda_graphs: Annotated[
-        str, typer.Option(help="CUDA-graphed scopes every plan runs with (default eager), e.g. full_iteration")
-    ] = "",
+    cuda_graphs: CudaGraphs = "",
     workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
 ) -> None:
     """Search the plans and write a self-contained interactive HTML report."""

@@ -120,8 +120,9 @@ def _add_comms(
         if c.phase != phase:
             continue
         t = collective_time_s(cluster, c.kind, c.bytes, getattr(groups, c.group), c.fanout)
-        hidden = min(t, budget[c.hidden_by]) if c.hidden_by else 0.0
+        hidden = 0.0
         if c.hidden_by:
+            hidden = min(t, budget[c.hidden_by])
             budget[c.hidden_by] -= hidden
         cost.hidden_s += hidden
         cost.exposed_s += t - hidden

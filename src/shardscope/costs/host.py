@@ -15,6 +15,8 @@ the experts; TP and CP collectives before it. The stall is what that adds to the
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from shardscope.graph.ops import Op
 from shardscope.plan.plan import Plan
 
@@ -69,7 +71,7 @@ def host_stall_s(
     if not backward and syncs(plan):
         cuts += [i for i, op in enumerate(ops) if op.host_sync and i > 0]
     cuts.append(len(ops))
-    segments = list(zip(cuts, cuts[1:], strict=False))
+    segments = list(pairwise(cuts))
     comm = [0.0] * len(segments)
     comm[0] += exposed_comm_s - dispatch_comm_s
     comm[-1] += dispatch_comm_s

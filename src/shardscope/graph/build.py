@@ -56,7 +56,7 @@ def layer_group(
     else:
         attn, ai, ag = attention_group(model, plan, kind)
         mlp, mi, mg = moe_group(model, plan, load) if kind.mlp == "moe" else dense_mlp_group(model, plan)
-        attn = replace(attn, ops=tuple(scoped(list(attn.ops), "attn")))
+        attn = replace(attn, ops=tuple(scoped(attn.ops, "attn")))
         group = replace(attn + mlp, attn_ops=len(attn.ops))
     if plan.precision == "fp8":
         fwd_b, bwd_b = quantization_bytes(plan, arch, ai + mi, ag + mg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from shardscope.graph.ops import Collective, Op, Saved
@@ -83,7 +84,7 @@ def tagged(items: list, *modules: str) -> list:
     return [replace(x, modules=x.modules | frozenset(modules)) for x in items]
 
 
-def scoped(ops: list[Op], scope: str) -> list[Op]:
+def scoped(ops: Iterable[Op], scope: str) -> list[Op]:
     """`ops` marked as captured by the Megatron-Core CUDA-graph module `scope` (ops already in one keep it)."""
     return [op if op.scope else replace(op, scope=scope) for op in ops]
 

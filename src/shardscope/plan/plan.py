@@ -77,9 +77,8 @@ class Plan:
     offload_activations: float = 0.0  # fraction of saved activations kept in host memory
     ep_dispatch: Literal["flat", "hierarchical"] = "flat"  # hierarchical: one copy per node (DeepEP/HybridEP)
     pp_layout: tuple[int, ...] = ()  # decoder layers per model chunk (pp·vpp of them); () = even split
-    cuda_graphs: tuple[
-        str, ...
-    ] = ()  # CUDA-graphed scopes (CUDA_GRAPH_SCOPES); () = eager, every op launched by the host
+    # CUDA-graphed scopes (CUDA_GRAPH_SCOPES); () = eager, every op launched by the host
+    cuda_graphs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if type(self.cuda_graphs) is not tuple:  # "attn,moe_router" or a list: checked, as make_plan does
@@ -176,9 +175,14 @@ def _positive(name: str, value: int) -> None:
         raise ShardscopeError(f"{name} must be a positive integer, got {value!r}")
 
 
+def comma_list(text: str) -> tuple[str, ...]:
+    """ "a, b,c" as ("a", "b", "c")."""
+    return tuple(m.strip() for m in text.split(",") if m.strip())
+
+
 def cuda_graph_scopes(value: str | tuple[str, ...]) -> tuple[str, ...]:
     """`--cuda-graphs` ("attn,moe_router" or a tuple) as a validated tuple of scopes."""
-    scopes = tuple(m.strip() for m in value.split(",") if m.strip()) if isinstance(value, str) else tuple(value)
+    scopes = comma_list(value) if isinstance(value, str) else tuple(value)
     unknown = sorted(set(scopes) - set(CUDA_GRAPH_SCOPES))
     if unknown:
         raise ShardscopeError(
@@ -197,7 +201,7 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
     """Build and validate a plan; `dp` is derived as gpus / (tp·pp·cp) when left out (0/None)."""
     kw = {k: v for k, v in kw.items() if v is not None}
     if isinstance(kw.get("recompute_modules"), str):
-        kw["recompute_modules"] = tuple(m.strip() for m in kw["recompute_modules"].split(",") if m.strip())
+        kw["recompute_modules"] = comma_list(kw["recompute_modules"])
     kw["cuda_graphs"] = cuda_graph_scopes(kw.get("cuda_graphs", ()))
     if isinstance(kw.get("pp_layout"), str):
         kw["pp_layout"] = parse_pp_layout(kw["pp_layout"])

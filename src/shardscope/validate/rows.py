@@ -40,7 +40,7 @@ import yaml
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster, make_cluster
 from shardscope.models.spec import GPT_BLOCK, ModelSpec
-from shardscope.plan.plan import Plan, make_plan
+from shardscope.plan.plan import Plan, cuda_graph_scopes, make_plan
 
 MEGATRON_SOURCES = {"MBRIDGE_PERF", "NEMO_2407_PERF"}
 
@@ -202,9 +202,7 @@ def megatron_bridge_recipe(row: dict[str, str]) -> dict | None:
 def recipe_cuda_graphs(recipe: dict) -> tuple[str, ...]:
     """The recipe's CUDA-graph scopes: `none`, `full_iteration` or `partial: <scope>, <scope>...`."""
     graphs = recipe["cuda_graphs"].strip()
-    if graphs == "none":
-        return ()
-    return tuple(s.strip() for s in graphs.removeprefix("partial:").split(","))
+    return () if graphs == "none" else cuda_graph_scopes(graphs.removeprefix("partial:"))
 
 
 def _moe_settings(row: dict[str, str], recipe: dict | None) -> dict:
