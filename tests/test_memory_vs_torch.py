@@ -58,8 +58,9 @@ def _build(factory):
         torch.set_default_dtype(torch.float32)
 
 
-def _measure(model_name: str, policy: str, batch: int, seq: int) -> tuple[int, int]:
-    """(bytes PyTorch keeps for backward, bytes shardscope predicts) for one layer."""
+def _measure(model_name: str, policy: str, batch: int, seq: int, fused: bool = False) -> tuple[int, int]:
+    """(bytes PyTorch keeps for backward, bytes shardscope predicts) for one layer; `fused`: Megatron's
+    fused SwiGLU in the reference and `fused_activation` in the plan."""
     m = load_model(model_name)
     llama = m.mlp == "swiglu"
     with FakeTensorMode():
@@ -67,7 +68,14 @@ def _measure(model_name: str, policy: str, batch: int, seq: int) -> tuple[int, i
         if llama:
             layer = _build(
                 lambda: LlamaLayer(
-                    m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn_hidden, qk_norm=m.qk_norm, policy=ref_policy
+                    m.hidden,
+                    m.heads,
+                    m.kv_heads,
+                    m.head_dim,
+                    m.ffn_hidden,
+                    qk_norm=m.qk_norm,
+                    policy=ref_policy,
+                    fused_act=fused,
                 )
             )
             cos = torch.randn(seq, m.head_dim, dtype=torch.bfloat16)
@@ -91,7 +99,15 @@ def _measure(model_name: str, policy: str, batch: int, seq: int) -> tuple[int, i
         else:
             y = layer(x, *args)
             measured, _ = saved_activation_bytes(y, list(layer.parameters()) + extra)
-    plan = make_plan(m, make_cluster("H100", 1), micro_batch=batch, global_batch=batch, seq_len=seq, recompute=policy)
+    plan = make_plan(
+        m,
+        make_cluster("H100", 1),
+        micro_batch=batch,
+        global_batch=batch,
+        seq_len=seq,
+        recompute=policy,
+        fused_activation=fused,
+    )
     return measured, build_stage_graph(m, plan).layer.saved_bytes(policy)
 
 
@@ -105,6 +121,17 @@ def test_saved_activations_match_pytorch(model_name, policy):
 def test_saved_activations_70b_layer_exact_without_recompute():
     measured, predicted = _measure("llama3.1-70b", "none", batch=1, seq=8192)
     assert predicted == measured
+
+
+@pytest.mark.parametrize("policy", ["none", "selective"])
+def test_fused_swiglu_keeps_only_its_input(policy):
+    """Megatron's fused SwiGLU keeps gate and up but not silu(gate): exact without recompute, and a layer
+    saves less than the unfused one by that tensor."""
+    measured, predicted = _measure("llama3.1-8b", policy, batch=1, seq=4096, fused=True)
+    assert predicted == pytest.approx(measured, rel=0.02 if policy == "selective" else 0), (measured, predicted)
+    unfused, _ = _measure("llama3.1-8b", policy, batch=1, seq=4096)
+    silu_bytes = 2 * 4096 * load_model("llama3.1-8b").ffn_hidden
+    assert unfused - measured == (silu_bytes if policy == "none" else 0)
 
 
 def test_cpu_rms_norm_decomposition_saves_fp32_copies():

@@ -22,6 +22,7 @@ from shardscope.plan.plan import make_plan
 torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+from torch_reference import saved_activation_bytes  # noqa: E402
 
 
 def _graph(name, gpus=8, **kw):
@@ -62,6 +63,57 @@ def test_moe_layer_flops_match_pytorch():
         op.flops for op in moe_layer.ops if op.kind == "gemm" and op.name.split()[0] in ("router", "experts", "shared")
     )
     assert predicted == pytest.approx(measured, rel=1e-9)
+
+
+class _WeightedSwiGLU(torch.autograd.Function):
+    """Megatron-Core's fused SwiGLU with the routing weights folded in (`WeightedSwiGLUFunction`): saves
+    its input and the weights."""
+
+    @staticmethod
+    def forward(ctx, gate_up, weights):
+        ctx.save_for_backward(gate_up, weights)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return (torch.nn.functional.silu(gate) * up * weights).to(gate_up.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):  # pragma: no cover - memory tests never run backward
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_moe_saved_activations_match_pytorch(fused):
+    """What a real MoE block (router, top-k, permute, experts as batched GEMMs, un-permute) keeps for
+    backward under FakeTensorMode equals the graph's saved tensors from the router on. Unfused: the
+    weighted sum after the experts keeps their outputs. Fused (Megatron-Core): the activation keeps its
+    input and the routing weights instead. Index tensors (int64, 8 bytes per token-expert pair) and the
+    unfused path's bf16 copy of the weights are all the graph leaves out."""
+    m, plan, g = _graph("qwen3-30b-a3b", gpus=1, fused_activation=fused)
+    moe = m.moe
+    t, h, e, k, f = 4096, m.hidden, moe.experts, moe.top_k, moe.expert_ffn
+    with FakeTensorMode():
+        x = torch.randn(t, h, dtype=torch.bfloat16, requires_grad=True)  # the MLP norm's output
+        router = torch.randn(e, h, dtype=torch.bfloat16, requires_grad=True)
+        w_gate_up = torch.randn(e, h, 2 * f, dtype=torch.bfloat16, requires_grad=True)
+        w_down = torch.randn(e, f, h, dtype=torch.bfloat16, requires_grad=True)
+        probs = torch.softmax(torch.nn.functional.linear(x, router).float(), dim=-1)
+        top_p, top_i = torch.topk(probs, k, dim=-1)
+        order = torch.argsort(top_i.flatten())  # token-expert pairs grouped by expert (balanced)
+        rows = torch.div(order, k, rounding_mode="floor")
+        routed = x.index_select(0, rows).view(e, t * k // e, h)
+        weights = top_p.flatten().index_select(0, order).view(e, t * k // e, 1)
+        gate_up = torch.bmm(routed, w_gate_up)
+        if fused:
+            out = torch.bmm(_WeightedSwiGLU.apply(gate_up, weights), w_down)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            out = torch.bmm(torch.nn.functional.silu(gate) * up, w_down) * weights.to(x.dtype)
+        y = torch.zeros_like(x).scatter_add(0, rows.unsqueeze(1).expand(-1, h), out.view(t * k, h))
+        measured, _ = saved_activation_bytes(y, [x, router, w_gate_up, w_down])
+    saved = g.layers[LayerKind("full", "moe")].saved
+    start = next(i for i, s in enumerate(saved) if s.name == "router probabilities")
+    predicted = sum(s.bytes for s in saved[start:] if "none" in s.policies and s.name != "moe output")
+    uncounted = 3 * 8 * t * k + (0 if fused else 2 * t * k)  # top-k indices, sort order, rows; bf16 weights
+    assert predicted == measured - uncounted, (measured, predicted)
 
 
 def test_mla_projection_flops_match_pytorch():

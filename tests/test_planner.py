@@ -156,6 +156,9 @@ def test_megatron_flags_for_moe_and_fp8():
     ]
     full = to_megatron(m, dataclasses.replace(plan, cuda_graphs=("full_iteration",)))
     assert full[full.index("--cuda-graph-impl") + 1] == "full_iteration" and "--cuda-graph-modules" not in full
+    # Megatron fuses the SwiGLU by default: an unfused plan turns it off so the run keeps what was priced
+    assert "--no-bias-swiglu-fusion" in args
+    assert "--no-bias-swiglu-fusion" not in to_megatron(m, dataclasses.replace(plan, fused_activation=True))
 
 
 def test_plan_cli_json_and_export(tmp_path):
@@ -351,3 +354,18 @@ def test_search_with_cuda_graphs():
     assert graphed.candidates[0].estimate.step_time_s < eager.candidates[0].estimate.step_time_s
     r = runner.invoke(app, ["plan", "qwen3-30b-a3b", "--gpus", "8", "--cuda-graphs", "layer"])
     assert r.exit_code == 2 and "unknown layer" in r.stderr
+
+
+def test_search_with_fused_activation():
+    """A fused-activation search prices every plan with Megatron's SwiGLU, which keeps less, so the plan that
+    fits with the least memory needs less than the unfused one; the CLI flag reaches the plans."""
+    from shardscope.planner.space import SearchSpace
+
+    m, c = load_model("llama3.1-8b"), make_cluster("H100", 8)
+    unfused = search(m, c, 64, 8192, objective="memory")
+    fused = search(m, c, 64, 8192, objective="memory", space=SearchSpace(fused_activation=True))
+    assert all(x.plan.fused_activation for x in fused.candidates)
+    assert not any(x.plan.fused_activation for x in unfused.candidates)
+    assert fused.candidates[0].estimate.memory.required_gib <= unfused.candidates[0].estimate.memory.required_gib
+    r = runner.invoke(app, ["plan", "llama3.1-8b", "--gpus", "8", "--fused-activation", "--json", "--top", "1"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["plans"][0]["plan"]["fused_activation"] is True

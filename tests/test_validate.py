@@ -43,7 +43,8 @@ def test_json_output(public_csv):
     d = json.loads(r.stdout)
     assert set(d) == {"rows", "skipped", "summary"}
     row = d["rows"][0]
-    assert set(row) >= {"id", "metric", "measured", "predicted", "error_pct"}
+    assert set(row) >= {"id", "metric", "measured", "predicted", "error_pct", "fits", "required_gib", "capacity_gib"}
+    assert row["fits"] == (row["required_gib"] <= row["capacity_gib"])
     assert {"id", "reason"} == set(d["skipped"][0])
     assert "metric" in d["summary"] and "source" in d["summary"] and "gpu" in d["summary"]
 

@@ -62,13 +62,32 @@ def swiglu(gate, up):
     return F.silu(gate) * up
 
 
+class FusedSwiGLU(torch.autograd.Function):
+    """Megatron-Core's fused SwiGLU (`fused_bias_swiglu.SwiGLUFunction`): saves only its input (gate and
+    up) and recomputes silu(gate) in backward."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad):  # pragma: no cover - memory tests never run backward
+        gate, up = ctx.saved_tensors
+        sig = torch.sigmoid(gate.float())
+        silu = gate.float() * sig
+        dgate = grad.float() * up.float() * sig * (1 + gate.float() * (1 - sig))
+        return dgate.to(gate.dtype), (grad.float() * silu).to(up.dtype)
+
+
 class LlamaLayer(nn.Module):
     """A Llama/Qwen/Mistral block: pre-RMSNorm, GQA attention with RoPE, SwiGLU MLP."""
 
-    def __init__(self, hidden, heads, kv_heads, head_dim, ffn, qk_norm=False, policy="none"):
+    def __init__(self, hidden, heads, kv_heads, head_dim, ffn, qk_norm=False, policy="none", fused_act=False):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.policy = policy
+        self.act = FusedSwiGLU.apply if fused_act else swiglu
         self.attn_norm = RMSNorm(hidden)
         self.q = nn.Linear(hidden, heads * head_dim, bias=False)
         self.k = nn.Linear(hidden, kv_heads * head_dim, bias=False)
@@ -100,7 +119,7 @@ class LlamaLayer(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True, enable_gqa=True)
         x = self._cheap(torch.add, x, self.o(out.transpose(1, 2).reshape(b, s, -1)))
         h = self._cheap(self.mlp_norm, x)
-        return x + self.down(self._cheap(swiglu, self.gate(h), self.up(h)))
+        return x + self.down(self._cheap(self.act, self.gate(h), self.up(h)))
 
     def forward(self, x, cos, sin):
         if self.policy == "full":

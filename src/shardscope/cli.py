@@ -28,6 +28,12 @@ CudaGraphs = Annotated[
     typer.Option(help="CUDA-graphed scopes (default eager): attn,mlp,moe_router,moe_preprocess,moe | full_iteration"),
 ]
 
+# --fused-activation of estimate, plan and report
+FusedActivation = Annotated[
+    bool,
+    typer.Option(help="Megatron-Core fused SwiGLU: keeps only its input (default: unfused, as torchtitan / HF)"),
+]
+
 
 def _fail(msg: str) -> None:
     sys.stderr.write(f"error: {msg}\n")
@@ -81,6 +87,7 @@ def estimate(
     ep_dispatch: Annotated[str, typer.Option(help="flat | hierarchical (one copy per node: DeepEP)")] = "flat",
     fsdp_prefetch: Annotated[int, typer.Option(help="FSDP layers gathered ahead (0 = no overlap)")] = 1,
     cuda_graphs: CudaGraphs = "",
+    fused_activation: FusedActivation = False,
     offload_optimizer: Annotated[bool, typer.Option(help="optimizer states in host memory, Adam on the CPU")] = False,
     offload_activations: Annotated[float, typer.Option(help="fraction of saved activations offloaded")] = 0.0,
     optimizer_moments: Annotated[str, typer.Option(help="Adam m, v dtype: fp32 | bf16 | fp8 (Megatron)")] = "fp32",
@@ -148,6 +155,7 @@ def estimate(
             ep_dispatch=ep_dispatch,
             fsdp_prefetch=fsdp_prefetch,
             cuda_graphs=cuda_graphs,
+            fused_activation=fused_activation,
             offload_optimizer=offload_optimizer,
             offload_activations=offload_activations,
             optimizer_moments=optimizer_moments,
@@ -182,6 +190,7 @@ def plan(
     export: Annotated[str | None, typer.Option(help="write the best plan as torchtitan | megatron | deepspeed")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="file for --export (default: stdout)")] = None,
     cuda_graphs: CudaGraphs = "",
+    fused_activation: FusedActivation = False,
     workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
     executor: Annotated[str, typer.Option(help="local | ray")] = "local",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
@@ -209,6 +218,7 @@ def plan(
             executor=executor,
             as_json=as_json,
             cuda_graphs=cuda_graphs,
+            fused_activation=fused_activation,
         )
     except ShardscopeError as exc:
         _fail(str(exc))
@@ -286,6 +296,7 @@ def report(
     global_batch: Annotated[int, typer.Option(help="sequences per optimizer step")] = 256,
     objective: Annotated[str, typer.Option(help="throughput | memory | cost")] = "throughput",
     cuda_graphs: CudaGraphs = "",
+    fused_activation: FusedActivation = False,
     workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
 ) -> None:
     """Search the plans and write a self-contained interactive HTML report."""
@@ -300,7 +311,7 @@ def report(
     try:
         spec = load_model(model)
         cluster = make_cluster(gpu, gpus)
-        space = SearchSpace(cuda_graphs=cuda_graph_scopes(cuda_graphs))
+        space = SearchSpace(cuda_graphs=cuda_graph_scopes(cuda_graphs), fused_activation=fused_activation)
         result = search(spec, cluster, global_batch, seq_len, objective, space, workers=workers)
         if not result.candidates:
             raise ShardscopeError(f"no plan of {spec.name} fits {gpus}x {cluster.gpu.name} at this batch")

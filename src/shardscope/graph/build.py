@@ -156,6 +156,7 @@ GRAPH_FIELDS = (
     "ep_comm_overlap",
     "ep_dispatch",
     "cuda_graphs",
+    "fused_activation",
 )
 _GRAPH_CACHE: dict[tuple, StageGraph] = {}
 

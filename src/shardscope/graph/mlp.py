@@ -40,9 +40,11 @@ def _ffn(
     groups: int = 1,
     modules: tuple[str, ...] = ("mlp",),
     act_module: str = "",
+    fused: bool = False,
 ):
     """Gate/up GEMM, activation, down GEMM on `tokens` rows of width `ffn` (already TP/ETP-split), all
-    tagged with the Megatron recompute `modules` that re-run them (and the activation with `act_module`)."""
+    tagged with the Megatron recompute `modules` that re-run them (and the activation with `act_module`).
+    `fused`: Megatron's SwiGLUFunction keeps only its input and recomputes silu(gate) in backward."""
     h = model.hidden
     ops: list[Op] = []
     saved: list[Saved] = []
@@ -54,7 +56,7 @@ def _ffn(
         )
         saved += [
             Saved(f"{pre}gate, up", 2 * BF16 * tokens * ffn, NOT_FULL),
-            Saved(f"{pre}silu(gate)", BF16 * tokens * ffn, NONE_ONLY),
+            *([] if fused else [Saved(f"{pre}silu(gate)", BF16 * tokens * ffn, NONE_ONLY)]),
             Saved(f"{pre}swiglu out (down input)", gemm_in * tokens * ffn, NONE_ONLY),
         ]
         up_width = 2 * ffn
@@ -86,7 +88,9 @@ def dense_mlp_group(model: ModelSpec, plan: Plan) -> tuple[OpGroup, float, float
         stats2,
         *tagged([Saved("mlp norm out (mlp input)", sh.gemm_in * t_sp * h, NONE_ONLY)], "layernorm"),
     ]
-    f_ops, f_saved, fi, fg = _ffn(model, "", t, model.ffn_hidden // plan.tp, sh.fp8, sh.gemm_in)
+    f_ops, f_saved, fi, fg = _ffn(
+        model, "", t, model.ffn_hidden // plan.tp, sh.fp8, sh.gemm_in, fused=plan.fused_activation
+    )
     ops += f_ops + [residual("mlp residual add", model, t_sp)]
     saved += f_saved + [Saved("down proj out", BF16 * t_sp * h, SELECTIVE_ONLY)]
     return OpGroup(tuple(scoped(ops, "mlp")), tuple(saved), tuple(tp_collectives(plan, "mlp", BF16 * t * h))), fi, fg
@@ -152,10 +156,23 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
         ]
     saved.append(Saved("permuted tokens (expert input)", sh.gemm_in * routed * h, NOT_FULL))
     e_ops, e_saved, fi, fg = _ffn(
-        model, "experts", routed, fe, sh.fp8, sh.gemm_in, local_experts, modules=(), act_module="moe_act"
+        model,
+        "experts",
+        routed,
+        fe,
+        sh.fp8,
+        sh.gemm_in,
+        local_experts,
+        modules=(),
+        act_module="moe_act",
+        fused=plan.fused_activation,
     )
     ops += e_ops
-    saved += e_saved + [Saved("expert outputs", BF16 * routed * h, NOT_FULL)]
+    saved += e_saved
+    if plan.fused_activation:  # Megatron-Core weights each row inside the activation (it keeps the weights)
+        saved.append(Saved("expert routing weights", FP32 * routed, NOT_FULL))
+    else:  # the weighted sum after the un-permute keeps the expert outputs for the weights' gradient
+        saved.append(Saved("expert outputs", BF16 * routed * h, NOT_FULL))
     if plan.etp > 1:
         comms += [
             Collective("etp reduce-scatter outputs", "reduce_scatter", "etp", dispatch * plan.etp, "fwd"),
@@ -163,7 +180,9 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
         ]
     if plan.ep > 1:
         comms += [a2a("combine", "fwd", "bwd_attn"), a2a("combine", "bwd", "fwd_attn")]
-    ops.append(Op("unpermute + weighted sum", "memory", bytes=perm + BF16 * tm * h, bwd_bytes=2 * perm + BF16 * tm * h))
+    # backward scatters the output gradient to the rows; unfused, it also reads the expert outputs
+    unpermute_bwd = (1 if plan.fused_activation else 2) * perm + BF16 * tm * h
+    ops.append(Op("unpermute + weighted sum", "memory", bytes=perm + BF16 * tm * h, bwd_bytes=unpermute_bwd))
     ops[moe_start[0] :] = tagged(ops[moe_start[0] :], "moe")
     saved[moe_start[1] :] = tagged(saved[moe_start[1] :], "moe")
     if moe.shared_experts:
@@ -175,6 +194,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
             sh.fp8,
             sh.gemm_in,
             modules=("moe", "shared_experts"),
+            fused=plan.fused_activation,
         )
         # Megatron graphs the shared experts with the router unless they overlap the EP all-to-alls
         ops += s_ops if plan.ep_comm_overlap else scoped(s_ops, "moe_router")

@@ -79,6 +79,9 @@ class Plan:
     pp_layout: tuple[int, ...] = ()  # decoder layers per model chunk (pp·vpp of them); () = even split
     # CUDA-graphed scopes (CUDA_GRAPH_SCOPES); () = eager, every op launched by the host
     cuda_graphs: tuple[str, ...] = ()
+    # Megatron-Core's fused bias-activation (`bias_swiglu_fusion`): the SwiGLU, with an MoE layer's routing
+    # weights folded in, is one autograd function that keeps only its input (no silu(gate), no expert outputs)
+    fused_activation: bool = False
 
     def __post_init__(self) -> None:
         if type(self.cuda_graphs) is not tuple:  # "attn,moe_router" or a list: checked, as make_plan does

@@ -61,6 +61,7 @@ def run_plan_command(
     executor: str,
     as_json: bool,
     cuda_graphs: str = "",
+    fused_activation: bool = False,
 ) -> SearchResult:
     from shardscope import video_seq_len
 
@@ -77,7 +78,7 @@ def run_plan_command(
     n_tokens = parse_tokens(tokens) if tokens else None
     if precision == "fp8":
         cluster.gpu.peak_tflops("fp8")
-    space = SearchSpace(cuda_graphs=cuda_graph_scopes(cuda_graphs))
+    space = SearchSpace(cuda_graphs=cuda_graph_scopes(cuda_graphs), fused_activation=fused_activation)
     if as_json:
         result = search(spec, cluster, global_batch, seq_len, objective, space, workers, executor)
     else:

@@ -44,6 +44,7 @@ class SearchSpace:
     max_cp: int = 32
     min_tokens_per_cp_rank: int = 1024
     cuda_graphs: tuple[str, ...] = ()  # CUDA-graphed scopes every plan runs with (() = eager)
+    fused_activation: bool = False  # every plan runs Megatron-Core's fused SwiGLU
 
 
 def _pow2_upto(n: int) -> list[int]:
@@ -108,5 +109,6 @@ def structures(
                                     global_batch=global_batch,
                                     seq_len=seq_len,
                                     cuda_graphs=space.cuda_graphs,
+                                    fused_activation=space.fused_activation,
                                     **kw,
                                 )

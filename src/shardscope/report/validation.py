@@ -46,12 +46,23 @@ def print_report(report: ValidationReport, show_rows: bool = True, console: Cons
             f"[bold]All predicted rows[/]: {o.n} rows, MAPE {o.mape_pct:.1f}%, bias {o.bias_pct:+.1f}%, "
             f"Spearman {_rho(o)}"
         )
+    if report.rows:
+        console.print(f"[bold]Memory[/]: {_fit_line(report)}")
     if report.skipped:
         reasons = Counter(s["reason"] for s in report.skipped)
         console.print(f"[bold]Skipped[/] {len(report.skipped)} rows:")
         for reason, n in reasons.most_common():
             ids = [s["id"] for s in report.skipped if s["reason"] == reason]
             console.print(f"  {n:3d} × {reason} ({', '.join(ids[:6])}{', …' if len(ids) > 6 else ''})")
+
+
+def _fit_line(report: ValidationReport) -> str:
+    """Every measured run fit on its GPUs: the rows the memory model puts over capacity."""
+    over = report.not_fitting()
+    if not over:
+        return f"all {len(report.rows)} rows are predicted to fit, as the measured runs did."
+    listed = ", ".join(f"{r.id} ({r.required_gib:.0f}/{r.capacity_gib:.0f} GiB)" for r in over)
+    return f"{len(over)} of {len(report.rows)} rows of measured runs are predicted not to fit: {listed}."
 
 
 def print_markdown(report: ValidationReport) -> None:
@@ -65,6 +76,7 @@ def print_markdown(report: ValidationReport) -> None:
     if report.overall:
         o = report.overall
         lines.append(f"All predicted rows: {o.n}, MAPE {o.mape_pct:.1f}%, bias {o.bias_pct:+.1f}%, Spearman {_rho(o)}.")
+        lines += ["", f"Memory: {_fit_line(report)}"]
     reasons = Counter(s["reason"] for s in report.skipped)
     if reasons:
         lines.append("")

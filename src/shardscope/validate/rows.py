@@ -6,7 +6,10 @@ Defaults for blank cells (the frameworks' own recipes, never tuned to a row):
   recompute     the least recompute that fits in memory (none, selective, full): the run did not run out
                 of memory, and recipes pick recompute that way.
   zero_or_fsdp  blank: Megatron-Bridge/NeMo recipes use the distributed optimizer (ZeRO-1); Narayanan 2021
-                predates it (DDP). `ddp` in Megatron-Bridge tables also runs the distributed optimizer.
+                predates it (DDP). `ddp` in Megatron-Bridge tables (LLM and Wan DiT recipes, whose
+                `use_distributed_optimizer=True`) also runs the distributed optimizer.
+  activation    Megatron-Core rows (Megatron-Bridge, NeMo, Wan DiT) run the fused bias-activation its model
+                providers enable (`bias_activation_fusion`): the SwiGLU keeps only its input.
   attention     flash-attention 2 for llm-foundry (MosaicML's benchmarks); cuDNN/FA3-class kernels for
                 Megatron-Bridge/NeMo on Hopper; none (unfused softmax, materialised scores) for
                 Narayanan 2021, which predates FlashAttention; FA3-class on Hopper otherwise.
@@ -43,6 +46,8 @@ from shardscope.models.spec import GPT_BLOCK, ModelSpec
 from shardscope.plan.plan import Plan, cuda_graph_scopes, make_plan
 
 MEGATRON_SOURCES = {"MBRIDGE_PERF", "NEMO_2407_PERF"}
+# Megatron-Core runs of today (distributed optimizer, fused activations); Narayanan 2021 predates both
+MEGATRON_CORE_SOURCES = MEGATRON_SOURCES | {"WAN_DIT_PERF"}
 
 
 class SkipRow(Exception):
@@ -130,7 +135,7 @@ def model_from_row(row: dict[str, str]) -> ModelSpec:
 
 def _sharding(row: dict[str, str]) -> dict:
     z = (row.get("zero_or_fsdp") or "").strip().lower()
-    megatron = row.get("source") in MEGATRON_SOURCES
+    megatron = row.get("source") in MEGATRON_CORE_SOURCES
     if z.startswith("megatron_fsdp"):
         m = re.search(r"shard_group=(\d+)", z)
         return {"zero": 3, "shard_group": int(m.group(1)) if m else 0}
@@ -251,6 +256,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             fp8_recipe=fp8_recipe(row) if precision == "fp8" else "tensorwise",
             attention_kernel=_attention_kernel(row),
             tp_comm_overlap=row.get("source") in MEGATRON_SOURCES,
+            fused_activation=row.get("source") in MEGATRON_CORE_SOURCES,
             causal_block_skip=row.get("source") != "MOSAICML_LLMFOUNDRY",
             ep=_int(row, "ep", 1),
             optimizer_moments=recipe.get("optimizer_moments", "fp32") if recipe else "fp32",

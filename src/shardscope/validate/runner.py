@@ -28,6 +28,13 @@ class RowResult:
     precision: str
     model: str
     num_gpus: int
+    # The run was measured, so it fit: a row whose predicted peak exceeds the GPU is a memory-model miss.
+    required_gib: float
+    capacity_gib: float
+
+    @property
+    def fits(self) -> bool:
+        return self.required_gib <= self.capacity_gib
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +52,13 @@ class ValidationReport:
     summary: dict[str, dict[str, Stats]] = field(default_factory=dict)
     overall: Stats | None = None
 
+    def not_fitting(self) -> list[RowResult]:
+        """Rows of measured runs that the memory model says would not fit."""
+        return [r for r in self.rows if not r.fits]
+
     def to_dict(self) -> dict:
         return {
-            "rows": [{k: v for k, v in asdict(r).items()} for r in self.rows],
+            "rows": [asdict(r) | {"fits": r.fits} for r in self.rows],
             "skipped": self.skipped,
             "summary": {
                 "overall": asdict(self.overall) if self.overall else None,
@@ -127,6 +138,8 @@ def predict_row(row: dict[str, str]) -> RowResult:
         precision=(row.get("precision") or "bf16").strip().lower(),
         model=row["model"],
         num_gpus=int(row["num_gpus"]),
+        required_gib=est.memory.required_gib,
+        capacity_gib=est.memory.capacity_gib,
     )
 
 
