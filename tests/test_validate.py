@@ -122,3 +122,28 @@ def test_megatron_bridge_flop_definition_reproduces_published_ratios(public_csv)
         checked.add(row["model"])
     assert sorted(errors)[-2] < 0.01  # all but one within 1%
     assert {"gpt_oss_120b", "qwen3_30b_a3b", "deepseek_v3", "llama3_70b"} <= checked
+
+
+# Measured runs the memory model still puts over capacity, and why (closing notes, README "Memory check").
+KNOWN_MEMORY_MISSES = {
+    # GPT-OSS H100: the table's GA=2 contradicts its GBS/(DP x MBS) = 8; the recipe preset has MBS 1
+    "MB-001",
+    "MB-002",
+    # Qwen3-30B-A3B H100 MBS 2 (25.11): the +200% time outlier, layout unexplained
+    "MB-019",
+    "MB-020",
+    # GPT-OSS B200 25.11 EP8 MBS 4 without recompute: the recipe preset is EP64 (layout_differs)
+    "MB-031",
+    "MB-032",
+    # llm-foundry at long sequence or large micro-batch: its fused cross-entropy writes the logits'
+    # gradient in place, where the loss buffer model keeps an fp32 gradient and a bf16 copy
+    *(f"LF-{n:03d}" for n in (43, 44, 69, 70, 93, 94, 129, 130, 131, 132, 133, 134, 153, 154, 155, 156)),
+}
+
+
+def test_measured_runs_fit(public_csv):
+    """Ground truth for memory: every row is a run that was measured, so it fit on its GPUs. Only the
+    documented misses may be predicted over capacity; a memory regression adds rows and fails."""
+    over = {r.id for r in run_validation(public_csv).not_fitting()}
+    assert over <= KNOWN_MEMORY_MISSES, sorted(over - KNOWN_MEMORY_MISSES)
+    assert {"MB-035", "MB-045", "MB-051", "MB-057", "MB-083"}.isdisjoint(over)  # fit once the SwiGLU is fused
