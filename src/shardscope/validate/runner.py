@@ -28,13 +28,11 @@ class RowResult:
     precision: str
     model: str
     num_gpus: int
-    # The run was measured, so it fit: a row whose predicted peak exceeds the GPU is a memory-model miss.
+    # The run was measured, so it fit: a row predicted not to fit (over the GPU's or the host's memory)
+    # is a memory-model miss.
+    fits: bool
     required_gib: float
     capacity_gib: float
-
-    @property
-    def fits(self) -> bool:
-        return self.required_gib <= self.capacity_gib
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +56,7 @@ class ValidationReport:
 
     def to_dict(self) -> dict:
         return {
-            "rows": [asdict(r) | {"fits": r.fits} for r in self.rows],
+            "rows": [asdict(r) for r in self.rows],
             "skipped": self.skipped,
             "summary": {
                 "overall": asdict(self.overall) if self.overall else None,
@@ -138,6 +136,7 @@ def predict_row(row: dict[str, str]) -> RowResult:
         precision=(row.get("precision") or "bf16").strip().lower(),
         model=row["model"],
         num_gpus=int(row["num_gpus"]),
+        fits=est.fits,
         required_gib=est.memory.required_gib,
         capacity_gib=est.memory.capacity_gib,
     )
