@@ -12,14 +12,20 @@ from shardscope.cli import app
 from shardscope.validate.runner import run_validation, spearman
 
 
+@pytest.fixture(scope="module")
+def public_report(public_csv):
+    """The public rows predicted once for every test of this module that only reads the report."""
+    return run_validation(public_csv)
+
+
 def test_spearman():
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 2], [1, 2]) is None
 
 
-def test_every_row_is_predicted_or_skipped_with_reason(public_csv):
-    report = run_validation(public_csv)
+def test_every_row_is_predicted_or_skipped_with_reason(public_csv, public_report):
+    report = public_report
     with open(public_csv, newline="") as fh:
         n_rows = len(list(csv.DictReader(fh)))
     assert len(report.rows) + len(report.skipped) == n_rows
@@ -27,10 +33,10 @@ def test_every_row_is_predicted_or_skipped_with_reason(public_csv):
     assert {r.source for r in report.rows} >= {"MOSAICML_LLMFOUNDRY", "NARAYANAN2021", "LLAMA3_PAPER"}
 
 
-def test_dense_accuracy_bounds(public_csv):
+def test_dense_accuracy_bounds(public_report):
     """Issue target: MAPE <= 15% over the public dense rows (tokens/s, TFLOP/s, MFU). The bound is the
     target itself, not the current figure, so a regression beyond it fails."""
-    report = run_validation(public_csv)
+    report = public_report
     dense = [r for r in report.rows if r.arch == "dense"]
     mape = sum(abs(r.error_pct) for r in dense) / len(dense)
     assert mape <= 15.0, mape
@@ -141,9 +147,9 @@ KNOWN_MEMORY_MISSES = {
 }
 
 
-def test_measured_runs_fit(public_csv):
+def test_measured_runs_fit(public_report):
     """Ground truth for memory: every row is a run that was measured, so it fit on its GPUs. Only the
     documented misses may be predicted over capacity; a memory regression adds rows and fails."""
-    over = {r.id for r in run_validation(public_csv).not_fitting()}
+    over = {r.id for r in public_report.not_fitting()}
     assert over <= KNOWN_MEMORY_MISSES, sorted(over - KNOWN_MEMORY_MISSES)
     assert {"MB-035", "MB-045", "MB-051", "MB-057", "MB-083"}.isdisjoint(over)  # fit once the SwiGLU is fused
