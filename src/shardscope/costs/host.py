@@ -21,30 +21,51 @@ from shardscope.graph.ops import Op
 from shardscope.plan.plan import Plan
 
 # Host time per eager kernel launch through PyTorch: 4-6 us (PyTorch issue #82793 on A100; Nsight
-# profiles of eager training steps on NVL72). Each op of the graph counts as one launch per phase, a
-# lower bound: unfused layers launch several kernels per op.
+# profiles of eager training steps on NVL72); also the cost of one PyTorch API call that launches no
+# kernel, such as a `torch.empty` ("several microseconds", Megatron-LM DeepSeek-V3 GB200 guide). Each
+# memory op of the graph counts its `launches`.
 LAUNCH_S = 5e-6
-# Host time of one GEMM call through Transformer Engine's cuBLASLt path (descriptors, heuristic query,
-# launch, stream events). Measured in TransformerEngine PR #3134 (SM100): eight per-expert GEMMs of
-# 128 x 2048 x 2048 issued by the multi-stream grouped GEMM take 0.267 ms with pre-quantized operands,
-# while one CUTLASS grouped kernel does the same math in 0.069 ms: the loop is host-bound at 33 us a GEMM.
+# Host time of one Transformer Engine module call (Linear, LayerNormLinear, GroupedLinear,
+# DotProductAttention) in one phase, its Python set-up and first kernel included. Measured: te.Linear BF16
+# forward 99.7 us of CPU time on GB200 and 90.5 us on GH200 (TransformerEngine issue #2053, 2025); Megatron's
+# TEColumnParallelLinear forward 140 us, 115 us after TransformerEngine PR #1191 (2024, x86). Backward runs
+# the same kind of set-up (quantizers, saved tensors, main-grad hooks) before its GEMMs: taken equal.
+TE_MODULE_S = 100e-6
+# Host time of each further GEMM a module call issues (backward's wgrad, a grouped GEMM's next expert)
+# through Transformer Engine's cuBLASLt path. Measured in TransformerEngine PR #3134 (SM100): eight
+# per-expert GEMMs of 128 x 2048 x 2048 issued by the multi-stream grouped GEMM take 0.267 ms with
+# pre-quantized operands, while one CUTLASS grouped kernel does the same math in 0.069 ms: the loop is
+# host-bound at 33 us a GEMM.
 GEMM_CALL_S = 33e-6
-# Quantization kernels per FP8 GEMM operand cast in a step (TE 2.9): current ("tensorwise") scaling
-# zeroes the amax, reduces it, computes the scale and casts; the other recipes cast in one kernel.
+# A GEMM issued by plain PyTorch (`F.linear`, Megatron's router): 13.5 us of CPU time per forward on an
+# H100 DGX (TransformerEngine issue #2053, torch backend).
+TORCH_GEMM_S = 13.5e-6
+# Per FP8 GEMM operand quantized in a phase, per expert: the kernels (current "tensorwise" scaling zeroes
+# the amax, reduces it, computes the scale and casts; the others cast in one kernel, TE 2.9) and the
+# tensors allocated for the result (block-scaled recipes: data and scales, row- and column-wise = 4;
+# per-tensor: data and its transpose = 2; Megatron-LM DeepSeek-V3 GB200 guide, MXFP8), each one call.
 QUANT_LAUNCHES = {"tensorwise": 4, "delayed": 1, "blockwise": 1, "mxfp8": 1}
+QUANT_ALLOCS = {"tensorwise": 2, "delayed": 2, "blockwise": 4, "mxfp8": 4}
 
 
 def op_host_s(op: Op, backward: bool, plan: Plan) -> float:
     """Host time to issue `op`'s forward or backward kernels (0 when a CUDA graph captures them).
-    A GEMM is one call per expert (`groups`) forward and two (dgrad, wgrad) backward; an FP8 GEMM also
-    quantizes one operand per expert per phase (forward its input, backward the output gradient)."""
+    A GEMM issues one call per expert (`groups`) forward and two (dgrad, wgrad) backward: a Transformer
+    Engine module pays its set-up once and `GEMM_CALL_S` per further GEMM; a PyTorch GEMM pays per call.
+    An FP8 GEMM also quantizes one operand per expert per phase (forward its input, backward the output
+    gradient). Flash attention is one Transformer Engine module call per phase."""
     if "full_iteration" in plan.cuda_graphs or (op.scope and op.scope in plan.cuda_graphs):
         return 0.0
+    if op.kind == "attention":
+        return TE_MODULE_S
     if op.kind != "gemm":
         return op.launches * LAUNCH_S
     calls = op.groups * (2 if backward else 1)
-    quant = op.groups * QUANT_LAUNCHES[plan.fp8_recipe] if op.fp8 and plan.precision == "fp8" else 0
-    return calls * GEMM_CALL_S + quant * LAUNCH_S
+    issue = TE_MODULE_S + (calls - 1) * GEMM_CALL_S if op.te_module else calls * TORCH_GEMM_S
+    if not (op.fp8 and plan.precision == "fp8"):
+        return issue
+    recipe = plan.fp8_recipe
+    return issue + op.groups * (QUANT_LAUNCHES[recipe] + QUANT_ALLOCS[recipe]) * LAUNCH_S
 
 
 def syncs(plan: Plan) -> bool:

@@ -51,9 +51,9 @@ def _unfused_attention(plan: Plan, nh: int, hd: int) -> tuple[list[Op], list[Sav
     b, s = plan.micro_batch, plan.seq_len
     scores = b * nh * s * s
     ops = [
-        gemm("attention scores (QK^T)", b * nh * s, s, hd),
+        gemm("attention scores (QK^T)", b * nh * s, s, hd, te_module=False),
         Op("softmax + dropout", "memory", bytes=9 * scores, bwd_bytes=11 * scores, cheap=True),
-        gemm("attention values (PV)", b * nh * s, hd, s),
+        gemm("attention values (PV)", b * nh * s, hd, s, te_module=False),
     ]
     return ops, [Saved("softmax out, dropout mask and out", 5 * scores, NONE_ONLY)]
 

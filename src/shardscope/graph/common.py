@@ -102,8 +102,9 @@ def residual(name: str, model: ModelSpec, tokens: float) -> Op:
     return Op(name, "memory", bytes=3 * size, bwd_bytes=3 * size, cheap=True)
 
 
-def gemm(name: str, m: float, n: int, k: int, fp8: bool = False, groups: int = 1) -> Op:
-    """A GEMM (M, N, K); `groups` > 1 is a grouped GEMM of that many equal problems (MoE experts)."""
+def gemm(name: str, m: float, n: int, k: int, fp8: bool = False, groups: int = 1, te_module: bool = True) -> Op:
+    """A GEMM (M, N, K); `groups` > 1 is a grouped GEMM of that many equal problems (MoE experts);
+    `te_module`: issued through a Transformer Engine module (else plain PyTorch)."""
     flops = 2.0 * m * n * k
     io = BF16 * (m * k + groups * k * n + m * n)
     return Op(
@@ -116,6 +117,7 @@ def gemm(name: str, m: float, n: int, k: int, fp8: bool = False, groups: int = 1
         mnk=(int(m), n, k),
         fp8=fp8,
         groups=groups,
+        te_module=te_module,
     )
 
 

@@ -42,6 +42,7 @@ class Op:
     scope: str = ""
     host_sync: bool = False
     launches: int = 1  # kernels the host launches for it per phase (GEMMs: see costs.host)
+    te_module: bool = True  # a GEMM issued through a Transformer Engine module, not plain PyTorch
 
 
 @dataclass(frozen=True, slots=True)
