@@ -22,7 +22,7 @@ from shardscope.plan.plan import make_plan
 torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
-from torch_reference import saved_activation_bytes  # noqa: E402
+from torch_reference import AtenBytes, saved_activation_bytes  # noqa: E402
 
 
 def _graph(name, gpus=8, **kw):
@@ -114,6 +114,30 @@ def test_moe_saved_activations_match_pytorch(fused):
     predicted = sum(s.bytes for s in saved[start:] if "none" in s.policies and s.name != "moe output")
     uncounted = 3 * 8 * t * k + (0 if fused else 2 * t * k)  # top-k indices, sort order, rows; bf16 weights
     assert predicted == measured - uncounted, (measured, predicted)
+
+
+def test_expert_bias_traffic_matches_pytorch():
+    """GPT-OSS's expert down-projection bias, added as Megatron-Core's TEGroupedMLP adds it (per expert,
+    weighted by the fp32 routing probability, concatenated, cast back): the graph's bytes equal what the
+    eager ATen ops read and write, forward and backward, at full size under FakeTensorMode."""
+    model = load_model("gpt-oss-120b")
+    plan = make_plan(model, make_cluster("B200", 64), ep=8, global_batch=64, micro_batch=1, seq_len=4096)
+    layer = next(g for k, g in build_stage_graph(model, plan).layers.items() if k.mlp == "moe")
+    bias_op = next(op for op in layer.ops if op.name == "experts down proj bias (fp32)")
+    experts, h = model.moe.experts // plan.ep, model.hidden
+    rows = plan.seq_len * model.moe.top_k // experts  # balanced routing: rows per local expert
+    with FakeTensorMode():
+        out = torch.empty(experts * rows, h, dtype=torch.bfloat16, requires_grad=True)
+        biases = [torch.empty(h, dtype=torch.bfloat16, requires_grad=True) for _ in range(experts)]
+        probs = torch.empty(experts * rows, 1, requires_grad=True)
+        with AtenBytes() as fwd:
+            chunks = zip(torch.split(out, rows), biases, torch.split(probs, rows), strict=True)
+            y = torch.cat([t + b * p for t, b, p in chunks]).to(torch.bfloat16)
+        grad = torch.empty_like(y)
+        with AtenBytes() as bwd:
+            y.backward(grad)
+    assert bias_op.bytes == pytest.approx(fwd.total, rel=0.01)
+    assert bias_op.bwd_bytes == pytest.approx(bwd.total, rel=0.01)
 
 
 def test_mla_projection_flops_match_pytorch():

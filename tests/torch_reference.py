@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import checkpoint
 
 
@@ -192,3 +194,24 @@ def saved_activation_bytes(output: torch.Tensor, exclude: list[torch.Tensor]) ->
     for name, nbytes in seen.values():
         by_node[name] = by_node.get(name, 0) + nbytes
     return sum(by_node.values()), by_node
+
+
+class AtenBytes(TorchDispatchMode):
+    """Bytes each ATen op reads and writes (its tensor inputs and outputs), summed: the HBM traffic of
+    an unfused eager op sequence. Views and metadata queries move nothing and are not counted."""
+
+    FREE = frozenset(
+        {"view", "_unsafe_view", "split", "split_with_sizes", "unsqueeze", "squeeze", "slice", "expand", "t"}
+        | {"detach", "alias", "as_strided", "select", "permute", "transpose", "device"}
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ not in self.FREE:
+            tensors = [x for x in tree_flatten((args, kwargs, out))[0] if isinstance(x, torch.Tensor)]
+            self.total += sum(x.numel() * x.element_size() for x in tensors)
+        return out

@@ -175,6 +175,22 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     )
     ops += e_ops
     saved += e_saved
+    if moe.expert_bias:
+        # Megatron-Core's TEGroupedMLP adds the down projection's bias outside the GEMM, per expert and
+        # weighted by the routing probability, in fp32 (`_apply_bias`, core_v0.15.0): b * p, t + b * p,
+        # a concatenation and a cast back to bf16 read and write 28 bytes per routed value forward; backward
+        # casts the gradient to fp32 and back, reduces it against b and p and concatenates the split
+        # gradient, 40 bytes.
+        bias_values = routed * h
+        ops.append(
+            Op(
+                "experts down proj bias (fp32)",
+                "memory",
+                bytes=28 * bias_values,
+                bwd_bytes=40 * bias_values,
+                launches=2 * local_experts + 2,
+            )
+        )
     if plan.fused_activation:  # Megatron-Core weights each row inside the activation (it keeps the weights)
         saved.append(Saved("expert routing weights", FP32 * routed, NOT_FULL))
     else:  # the weighted sum after the un-permute keeps the expert outputs for the weights' gradient
