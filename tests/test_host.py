@@ -108,14 +108,16 @@ def test_grouped_gemm_host_time_is_per_local_expert():
 
 
 def test_graphing_attention_and_router_speeds_a_host_bound_moe_step():
-    """Megatron-Bridge measured Qwen3-30B-A3B on 16 H100 (TP2 PP2 EP4, GBS 8, MBS 1) at 623 ms a step
-    eager and 484 ms with attention, router and preprocess graphed (docs/training/cuda-graphs.md, 22%).
-    The model gives the eager step within 10% (at the recipe's 4,096-token sequences, BF16) and a
-    smaller gain (8%): graphing saves more host time than the per-call costs account for."""
-    plan = dict(gpu="H100", gpus=16, tp=2, pp=2, ep=4, zero=1, global_batch=8, seq_len=4096, fused_activation=True)
-    eager = shardscope.estimate("qwen3-30b-a3b", **plan)
-    graphed = shardscope.estimate("qwen3-30b-a3b", cuda_graphs="attn,moe_router,moe_preprocess", **plan)
-    assert eager.step_time_s == pytest.approx(0.623, rel=0.10)
+    """Megatron-Bridge measured Qwen3-30B-A3B on 16 H100 (TP2 PP2 EP4, MBS 1; the recipe's 4,096-token
+    sequences, BF16, full recompute) 22% faster with attention, router and preprocess graphed (623 ms ->
+    484 ms a step; docs/training/cuda-graphs.md). The model gives a smaller gain, 7%: graphing saves more
+    host time than the per-call costs account for. Only the ratio is compared: the doc's TFLOP/s imply
+    about 92k tokens a step, not the GBS 8 it states, so its step times are not."""
+    plan = dict(gpu="H100", gpus=16, tp=2, pp=2, ep=4, zero=1, global_batch=8, seq_len=4096, recompute="full")
+    eager = shardscope.estimate("qwen3-30b-a3b", fused_activation=True, **plan)
+    graphed = shardscope.estimate(
+        "qwen3-30b-a3b", fused_activation=True, cuda_graphs="attn,moe_router,moe_preprocess", **plan
+    )
     assert 0.05 < 1 - graphed.step_time_s / eager.step_time_s < 0.22
 
 
