@@ -1,7 +1,7 @@
 import pytest
 
 from shardscope.costs.comm import collective_time_s, place_group
-from shardscope.costs.efficiency import gemm_fraction
+from shardscope.costs.efficiency import attention_fraction, clock_ratio, gemm_fraction
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import load_cluster_file, load_gpu, make_cluster
 from shardscope.models.catalog import load_model
@@ -71,6 +71,22 @@ def test_gemm_fraction_small_is_lower():
     assert big == pytest.approx(gpu.matmul_sustained_fraction, rel=0.03)
     assert gemm_fraction(gpu, 128, 256, 128) < 0.1 * big  # one tile, one SM busy
     assert gemm_fraction(gpu, 4096, 4096, 64) < big
+
+
+@pytest.mark.parametrize("head_dim,tflops", [(64, 497), (128, 648), (256, 740), (96, None)])
+def test_fa3_forward_by_head_dim_matches_its_paper(head_dim, tflops):
+    """FlashAttention-3 (v1, Fig. 5) measures its BF16 forward on an H100 SXM5 at 16k tokens, no causal
+    mask: 497, 648 and 740 TFLOPS at head dim 64, 128 and 256 (boost clock, hence the clock ratio).
+    Between the measured points the throughput lies between its neighbours."""
+    gpu = load_gpu("H100")
+    achieved = attention_fraction(gpu, "fa3", 16384, False, head_dim) * gpu.bf16_tflops / clock_ratio(gpu)
+    if tflops is None:
+        assert 497 < achieved < 648
+    else:
+        assert achieved == pytest.approx(tflops, rel=0.01)
+    assert attention_fraction(gpu, "fa3", 16384, True, head_dim) < attention_fraction(
+        gpu, "fa3", 16384, False, head_dim
+    )
 
 
 def test_ring_all_gather_is_bandwidth_bound_inside_a_node():

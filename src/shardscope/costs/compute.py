@@ -38,7 +38,7 @@ def op_time_s(gpu: GPU, op: Op, backward: bool, plan: Plan) -> float:
     if op.kind == "attention":
         flops = op.bwd_flops if backward else op.flops
         # the kernel tiles this rank's queries: a CP rank holds seq_len / cp of them
-        frac = attention_fraction(gpu, plan.attention_kernel, plan.seq_len // plan.cp, backward)
+        frac = attention_fraction(gpu, plan.attention_kernel, plan.seq_len // plan.cp, backward, op.head_dim)
         # Flash attention's compute runs at the BF16 rate even under FP8 GEMM recipes.
         io = memory_time_s(gpu, op.bwd_bytes if backward else op.bytes)
         return max(flops / (gpu.bf16_tflops * 1e12 * frac), io) + KERNEL_GAP_S

@@ -6,6 +6,7 @@ never of a model or a validation row.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from shardscope.hardware.catalog import GPU
@@ -19,22 +20,28 @@ GEMM_TILE = {"ampere": (128, 128), "hopper": (128, 256), "blackwell": (128, 256)
 GEMM_K0 = 64
 GEMM_K_REF = 2048  # the depth of the shapes behind `matmul_*_fraction`
 
-# Flash-attention kernels' fraction of dense BF16 peak at long sequence (head dim 128), forward and
+# Flash-attention kernels' fraction of dense BF16 peak at long sequence and head dim 128, forward and
 # backward, from the kernels' papers (boost-clock microbenchmarks, hence scaled by the GPU's
 # sustained/burst matmul ratio below):
 #  fa2 on A100: fwd up to 73%, bwd ~63% (Dao 2023, FlashAttention-2, Fig. 4-6).
 #  fa2 on H100: ~35% (Shah et al. 2024, FlashAttention-3, §1: "FA2 achieves only 35% utilization").
-#  fa3 / cuDNN on H100: fwd 740 TFLOPS = 75%, bwd 1.5-1.75x FA2 ≈ 50% (FlashAttention-3 Fig. 5-7).
+#  fa3 / cuDNN on H100: fwd 648 TFLOPS at 16k, non-causal = 65.5% (FlashAttention-3 v1, Fig. 5; its
+#  headline 740 TFLOPS = 75% is head dim 256); bwd 1.5-1.75x FA2 ≈ 50% (Fig. 7).
 #  Blackwell cuDNN / FA4-class kernels: assumed at the Hopper FA3 fractions (no public kernel paper).
 #  CDNA3 CK flash attention: ~35% fwd, 25% bwd (ROCm blog figures, ~450 TFLOPS fwd on MI300X).
 ATTENTION_FRACTION: dict[tuple[str, str], tuple[float, float]] = {
     ("ampere", "fa2"): (0.72, 0.62),
     ("hopper", "fa2"): (0.35, 0.30),
-    ("hopper", "fa3"): (0.75, 0.50),
+    ("hopper", "fa3"): (0.655, 0.50),
     ("blackwell", "fa2"): (0.30, 0.25),
-    ("blackwell", "fa3"): (0.75, 0.50),
+    ("blackwell", "fa3"): (0.655, 0.50),
     ("cdna3", "fa2"): (0.35, 0.25),
 }
+# FA3's forward throughput by head dimension relative to 128, at 16k tokens without a causal mask on
+# H100: 497, 648 and 740 TFLOPS at head dim 64, 128 and 256 (FlashAttention-3 v1, Fig. 5). A smaller
+# head does fewer FLOPs per byte of Q/K/V tile and per softmax. Interpolated in log2(head dim), held
+# outside [64, 256]; applied to fa3-class kernels, forward and backward.
+FA3_HEAD_DIM_SCALE = ((64, 497 / 648), (128, 1.0), (256, 740 / 648))
 DEFAULT_ATTENTION_KERNEL = {"ampere": "fa2", "hopper": "fa3", "blackwell": "fa3", "cdna3": "fa2"}
 # Flash attention parallelises over (batch x heads x query blocks); short sequences leave the GPU
 # partly idle. Throughput vs sequence length in FA2/FA3 figures follows s/(s + S0) with S0 ≈ 512,
@@ -78,13 +85,28 @@ def gemm_fraction(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", gro
     return sustained * tile_fill * wave_fill * min(depth, 1.02)
 
 
-def attention_fraction(gpu: GPU, kernel: str, seq_len: int, backward: bool) -> float:
-    """Fraction of dense peak a flash-attention kernel sustains at this sequence length."""
+def head_dim_scale(head_dim: float) -> float:
+    """FA3-class throughput at this head dimension relative to head dim 128 (`FA3_HEAD_DIM_SCALE`)."""
+    if head_dim <= 0:
+        return 1.0
+    x = math.log2(head_dim)
+    points = [(math.log2(d), f) for d, f in FA3_HEAD_DIM_SCALE]
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, f0), (x1, f1) in itertools.pairwise(points):
+        if x <= x1:
+            return f0 + (f1 - f0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
+
+
+def attention_fraction(gpu: GPU, kernel: str, seq_len: int, backward: bool, head_dim: float = 128) -> float:
+    """Fraction of dense peak a flash-attention kernel sustains at this sequence length and head dim."""
     if kernel in ("auto", "cudnn", "unfused"):
         kernel = DEFAULT_ATTENTION_KERNEL.get(gpu.arch, "fa2") if kernel == "auto" else "fa3"
     fwd, bwd = ATTENTION_FRACTION.get((gpu.arch, kernel), ATTENTION_FRACTION.get((gpu.arch, "fa2"), (0.35, 0.25)))
     length = (seq_len / (seq_len + ATTENTION_S0)) / (ATTENTION_S_REF / (ATTENTION_S_REF + ATTENTION_S0))
-    return (bwd if backward else fwd) * clock_ratio(gpu) * length
+    heads = head_dim_scale(head_dim) if (gpu.arch, kernel) in ATTENTION_FRACTION and kernel == "fa3" else 1.0
+    return (bwd if backward else fwd) * clock_ratio(gpu) * length * heads
 
 
 def overlap_slowdown(gpu: GPU) -> float:

@@ -64,7 +64,15 @@ def _cross_attention(model: ModelSpec, plan: Plan) -> tuple[OpGroup, float, floa
             bwd_bytes=3 * BF16 * (t + text) * w,
             cheap=True,
         ),
-        Op("cross-attention", "attention", flops=flops, bytes=io, bwd_flops=2.5 * flops, bwd_bytes=2 * io),
+        Op(
+            "cross-attention",
+            "attention",
+            flops=flops,
+            bytes=io,
+            bwd_flops=2.5 * flops,
+            bwd_bytes=2 * io,
+            head_dim=hd,
+        ),
         gemm("cross-attn out proj", t, d, w, sh.fp8),
         residual("cross-attn residual add", model, t_sp),
     ]

@@ -43,6 +43,7 @@ class Op:
     host_sync: bool = False
     launches: int = 1  # kernels the host launches for it per phase (GEMMs: see costs.host)
     te_module: bool = True  # a GEMM issued through a Transformer Engine module, not plain PyTorch
+    head_dim: float = 128  # attention: the mean of the query-key and value head dimensions
 
 
 @dataclass(frozen=True, slots=True)
