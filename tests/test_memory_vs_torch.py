@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts  # noqa: E402
-from torch_reference import GPTLayer, LlamaLayer, saved_activation_bytes  # noqa: E402
+from torch_reference import GPTLayer, LlamaLayer, LossHead, saved_activation_bytes  # noqa: E402
 
 from shardscope.costs.memory import layer_params_local, model_state_bytes  # noqa: E402
 from shardscope.graph.build import build_stage_graph  # noqa: E402
@@ -132,6 +132,21 @@ def test_fused_swiglu_keeps_only_its_input(policy):
     unfused, _ = _measure("llama3.1-8b", policy, batch=1, seq=4096)
     silu_bytes = 2 * 4096 * load_model("llama3.1-8b").ffn_hidden
     assert unfused - measured == (silu_bytes if policy == "none" else 0)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_loss_head_saved_bytes_match_pytorch(fused):
+    """The last stage's norm, output projection and loss: unfused, autograd keeps the fp32 log-softmax of
+    the upcast logits; a fused cross-entropy keeps the bf16 logits and the fp32 log-sum-exp. The int64
+    targets (8 bytes a token) are not activations of the graph, nor is the loss's scalar total weight."""
+    m, tokens = load_model("llama3.1-8b"), 8192
+    with FakeTensorMode():
+        head = _build(lambda: LossHead(m.hidden, m.vocab, fused=fused))
+        x = torch.randn(tokens, m.hidden, dtype=torch.bfloat16, requires_grad=True)
+        targets = torch.zeros(tokens, dtype=torch.long)
+        measured, _ = saved_activation_bytes(head(x, targets), [*head.parameters(), targets])
+    plan = make_plan(m, make_cluster("H100", 1), global_batch=2, micro_batch=2, seq_len=4096, fused_cross_entropy=fused)
+    assert build_stage_graph(m, plan).head.saved_bytes("none") == pytest.approx(measured, abs=4)
 
 
 def test_cpu_rms_norm_decomposition_saves_fp32_copies():

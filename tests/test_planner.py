@@ -356,6 +356,22 @@ def test_search_with_cuda_graphs():
     assert r.exit_code == 2 and "unknown layer" in r.stderr
 
 
+def test_fused_cross_entropy_keeps_less_and_exports():
+    """A fused cross-entropy keeps the bf16 logits, not an fp32 copy, and writes a bf16 gradient: with
+    Llama 3's 128k vocabulary the last stage needs gigabytes less. The CLI flag reaches the estimate and
+    the Megatron arguments carry it."""
+    args = ["estimate", "llama3.1-8b", "--gpus", "8", "--seq-len", "8192", "--global-batch", "16", "--json"]
+    unfused = json.loads(runner.invoke(app, args).stdout)["memory"]["peak_gib"]
+    r = runner.invoke(app, [*args, "--fused-cross-entropy"])
+    assert r.exit_code == 0
+    fused = json.loads(r.stdout)["memory"]["peak_gib"]
+    logits_gib = 8192 * 128256 / 2**30  # one micro-batch's logits
+    # kept: fp32 log-softmax (4 B) -> bf16 logits (2 B); gradient: fp32 and its bf16 cast (6 B) -> bf16 (2 B)
+    assert unfused - fused == pytest.approx(6 * logits_gib, rel=0.01)
+    plan = make_plan(load_model("llama3.1-8b"), make_cluster("H100", 8), global_batch=16, fused_cross_entropy=True)
+    assert "--cross-entropy-loss-fusion" in to_megatron(load_model("llama3.1-8b"), plan)
+
+
 def test_search_with_fused_activation():
     """A fused-activation search prices every plan with Megatron's SwiGLU, which keeps less, so the plan that
     fits with the least memory needs less than the unfused one; the CLI flag reaches the plans."""

@@ -141,9 +141,6 @@ KNOWN_MEMORY_MISSES = {
     # GPT-OSS B200 25.11 EP8 MBS 4 without recompute: the recipe preset is EP64 (layout_differs)
     "MB-031",
     "MB-032",
-    # llm-foundry at long sequence or large micro-batch: its fused cross-entropy writes the logits'
-    # gradient in place, where the loss buffer model keeps an fp32 gradient and a bf16 copy
-    *(f"LF-{n:03d}" for n in (43, 44, 69, 70, 93, 94, 129, 130, 131, 132, 133, 134, 153, 154, 155, 156)),
 }
 
 

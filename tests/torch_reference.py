@@ -82,6 +82,39 @@ class FusedSwiGLU(torch.autograd.Function):
         return dgate.to(gate.dtype), (grad.float() * silu).to(up.dtype)
 
 
+class FusedCrossEntropy(torch.autograd.Function):
+    """flash-attn's xentropy contract (llm-foundry's `fused_crossentropy`): the softmax is taken in
+    registers from the bf16 logits, so forward keeps the logits and the fp32 log-sum-exp only."""
+
+    @staticmethod
+    def forward(ctx, logits, targets):
+        lse = torch.logsumexp(logits.float(), dim=-1)
+        ctx.save_for_backward(logits, lse, targets)
+        return lse - logits.float().gather(-1, targets[:, None])[:, 0]
+
+    @staticmethod
+    def backward(ctx, grad):  # pragma: no cover - memory tests never run backward
+        logits, lse, targets = ctx.saved_tensors
+        probs = torch.exp(logits.float() - lse[:, None])
+        probs[torch.arange(len(targets)), targets] -= 1
+        return (probs * grad[:, None]).to(logits.dtype), None
+
+
+class LossHead(nn.Module):
+    """Final RMSNorm, output projection and cross-entropy: unfused (fp32 upcast, `F.cross_entropy`) or
+    through the fused kernel's contract."""
+
+    def __init__(self, hidden, vocab, fused=False):
+        super().__init__()
+        self.norm, self.proj, self.fused = RMSNorm(hidden), nn.Linear(hidden, vocab, bias=False), fused
+
+    def forward(self, x, targets):
+        logits = self.proj(self.norm(x))
+        if self.fused:
+            return FusedCrossEntropy.apply(logits, targets).mean()
+        return F.cross_entropy(logits.float(), targets)
+
+
 class LlamaLayer(nn.Module):
     """A Llama/Qwen/Mistral block: pre-RMSNorm, GQA attention with RoPE, SwiGLU MLP."""
 

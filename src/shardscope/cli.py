@@ -33,6 +33,10 @@ FusedActivation = Annotated[
     bool,
     typer.Option(help="Megatron-Core fused SwiGLU: keeps only its input (default: unfused, as torchtitan / HF)"),
 ]
+FusedCrossEntropy = Annotated[
+    bool,
+    typer.Option(help="fused cross-entropy kernel: no fp32 copy of the logits (default: unfused, fp32 upcast)"),
+]
 
 
 def _fail(msg: str) -> None:
@@ -88,6 +92,7 @@ def estimate(
     fsdp_prefetch: Annotated[int, typer.Option(help="FSDP layers gathered ahead (0 = no overlap)")] = 1,
     cuda_graphs: CudaGraphs = "",
     fused_activation: FusedActivation = False,
+    fused_cross_entropy: FusedCrossEntropy = False,
     offload_optimizer: Annotated[bool, typer.Option(help="optimizer states in host memory, Adam on the CPU")] = False,
     offload_activations: Annotated[float, typer.Option(help="fraction of saved activations offloaded")] = 0.0,
     optimizer_moments: Annotated[str, typer.Option(help="Adam m, v dtype: fp32 | bf16 | fp8 (Megatron)")] = "fp32",
@@ -156,6 +161,7 @@ def estimate(
             fsdp_prefetch=fsdp_prefetch,
             cuda_graphs=cuda_graphs,
             fused_activation=fused_activation,
+            fused_cross_entropy=fused_cross_entropy,
             offload_optimizer=offload_optimizer,
             offload_activations=offload_activations,
             optimizer_moments=optimizer_moments,
@@ -191,6 +197,7 @@ def plan(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="file for --export (default: stdout)")] = None,
     cuda_graphs: CudaGraphs = "",
     fused_activation: FusedActivation = False,
+    fused_cross_entropy: FusedCrossEntropy = False,
     workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
     executor: Annotated[str, typer.Option(help="local | ray")] = "local",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
@@ -219,6 +226,7 @@ def plan(
             as_json=as_json,
             cuda_graphs=cuda_graphs,
             fused_activation=fused_activation,
+            fused_cross_entropy=fused_cross_entropy,
         )
     except ShardscopeError as exc:
         _fail(str(exc))
@@ -297,6 +305,7 @@ def report(
     objective: Annotated[str, typer.Option(help="throughput | memory | cost")] = "throughput",
     cuda_graphs: CudaGraphs = "",
     fused_activation: FusedActivation = False,
+    fused_cross_entropy: FusedCrossEntropy = False,
     workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
 ) -> None:
     """Search the plans and write a self-contained interactive HTML report."""
@@ -311,7 +320,11 @@ def report(
     try:
         spec = load_model(model)
         cluster = make_cluster(gpu, gpus)
-        space = SearchSpace(cuda_graphs=cuda_graph_scopes(cuda_graphs), fused_activation=fused_activation)
+        space = SearchSpace(
+            cuda_graphs=cuda_graph_scopes(cuda_graphs),
+            fused_activation=fused_activation,
+            fused_cross_entropy=fused_cross_entropy,
+        )
         result = search(spec, cluster, global_batch, seq_len, objective, space, workers=workers)
         if not result.candidates:
             raise ShardscopeError(f"no plan of {spec.name} fits {gpus}x {cluster.gpu.name} at this batch")

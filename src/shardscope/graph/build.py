@@ -79,7 +79,9 @@ def embedding_group(model: ModelSpec, plan: Plan) -> OpGroup:
 
 
 def head_group(model: ModelSpec, plan: Plan) -> OpGroup:
-    """Final norm, output projection and cross-entropy (vocab-parallel over TP, logits upcast to fp32)."""
+    """Final norm, output projection and cross-entropy (vocab-parallel over TP): unfused, the logits are
+    upcast to fp32 and the fp32 copy kept for the softmax gradient; a fused kernel keeps the bf16 logits
+    and the fp32 log-sum-exp (`Plan.fused_cross_entropy`)."""
     sh = Shapes.of(plan)
     t, t_sp = sh.t, sh.t_sp
     v = model.vocab / plan.tp
@@ -88,15 +90,22 @@ def head_group(model: ModelSpec, plan: Plan) -> OpGroup:
     ops = [
         fnorm,
         gemm("output proj", t, int(v), model.hidden),
-        # fwd: read bf16 logits, write fp32 copy, read it for max/logsumexp; bwd: softmax grad (fp32
-        # read + write) and the cast of the gradient back to bf16.
-        Op("cross-entropy", "memory", bytes=(BF16 + 2 * FP32) * logits, bwd_bytes=(3 * FP32 + BF16) * logits),
+        # unfused fwd: read bf16 logits, write fp32 copy, read it for max/logsumexp; bwd: softmax grad
+        # (fp32 read + write) and the cast of the gradient back to bf16. Fused: read the bf16 logits once
+        # forward; backward reads them and writes the bf16 gradient.
+        Op("cross-entropy", "memory", bytes=BF16 * logits, bwd_bytes=2 * BF16 * logits)
+        if plan.fused_cross_entropy
+        else Op("cross-entropy", "memory", bytes=(BF16 + 2 * FP32) * logits, bwd_bytes=(3 * FP32 + BF16) * logits),
     ]
     saved = [
         Saved("final norm input", BF16 * t_sp * model.hidden, ALL),
         Saved(stats.name, stats.bytes, ALL),
         Saved("output proj input", BF16 * t_sp * model.hidden, ALL),
-        Saved("fp32 logits (softmax)", FP32 * logits, ALL),
+        *(
+            [Saved("bf16 logits", BF16 * logits, ALL), Saved("log-sum-exp", FP32 * t, ALL)]
+            if plan.fused_cross_entropy
+            else [Saved("fp32 logits (softmax)", FP32 * logits, ALL)]
+        ),
     ]
     comms = []
     act = BF16 * t * model.hidden
@@ -157,6 +166,7 @@ GRAPH_FIELDS = (
     "ep_dispatch",
     "cuda_graphs",
     "fused_activation",
+    "fused_cross_entropy",
 )
 _GRAPH_CACHE: dict[tuple, StageGraph] = {}
 

@@ -82,6 +82,10 @@ class Plan:
     # Megatron-Core's fused bias-activation (`bias_swiglu_fusion`): the SwiGLU, with an MoE layer's routing
     # weights folded in, is one autograd function that keeps only its input (no silu(gate), no expert outputs)
     fused_activation: bool = False
+    # A fused cross-entropy kernel (flash-attn's xentropy, as llm-foundry's default `fused_crossentropy`;
+    # Megatron's `--cross-entropy-loss-fusion`) takes the softmax of the bf16 logits in registers: it keeps
+    # the bf16 logits and the fp32 log-sum-exp, no fp32 copy, and writes a bf16 gradient
+    fused_cross_entropy: bool = False
 
     def __post_init__(self) -> None:
         if type(self.cuda_graphs) is not tuple:  # "attn,moe_router" or a list: checked, as make_plan does

@@ -157,6 +157,8 @@ def to_megatron(model: ModelSpec, plan: Plan) -> list[str]:
         args.append("--tp-comm-overlap")
     if model.mlp == "swiglu" and not plan.fused_activation:  # Megatron fuses by default; match the estimate
         args.append("--no-bias-swiglu-fusion")
+    if plan.fused_cross_entropy:
+        args += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
     if plan.offload_optimizer:
         args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0"]
     if plan.optimizer_moments != "fp32" or plan.main_grads != "fp32":

@@ -62,6 +62,7 @@ def run_plan_command(
     as_json: bool,
     cuda_graphs: str = "",
     fused_activation: bool = False,
+    fused_cross_entropy: bool = False,
 ) -> SearchResult:
     from shardscope import video_seq_len
 
@@ -78,7 +79,11 @@ def run_plan_command(
     n_tokens = parse_tokens(tokens) if tokens else None
     if precision == "fp8":
         cluster.gpu.peak_tflops("fp8")
-    space = SearchSpace(cuda_graphs=cuda_graph_scopes(cuda_graphs), fused_activation=fused_activation)
+    space = SearchSpace(
+        cuda_graphs=cuda_graph_scopes(cuda_graphs),
+        fused_activation=fused_activation,
+        fused_cross_entropy=fused_cross_entropy,
+    )
     if as_json:
         result = search(spec, cluster, global_batch, seq_len, objective, space, workers, executor)
     else:

@@ -45,6 +45,7 @@ class SearchSpace:
     min_tokens_per_cp_rank: int = 1024
     cuda_graphs: tuple[str, ...] = ()  # CUDA-graphed scopes every plan runs with (() = eager)
     fused_activation: bool = False  # every plan runs Megatron-Core's fused SwiGLU
+    fused_cross_entropy: bool = False  # every plan runs a fused cross-entropy kernel
 
 
 def _pow2_upto(n: int) -> list[int]:
@@ -110,5 +111,6 @@ def structures(
                                     seq_len=seq_len,
                                     cuda_graphs=space.cuda_graphs,
                                     fused_activation=space.fused_activation,
+                                    fused_cross_entropy=space.fused_cross_entropy,
                                     **kw,
                                 )

@@ -48,6 +48,9 @@ from shardscope.plan.plan import Plan, cuda_graph_scopes, make_plan
 MEGATRON_SOURCES = {"MBRIDGE_PERF", "NEMO_2407_PERF"}
 # Megatron-Core runs of today (distributed optimizer, fused activations); Narayanan 2021 predates both
 MEGATRON_CORE_SOURCES = MEGATRON_SOURCES | {"WAN_DIT_PERF"}
+# llm-foundry's MPT takes `loss_fn: fused_crossentropy` by default (flash-attn's xentropy kernel;
+# llmfoundry/models/mpt/modeling_mpt.py at 8c8dd48), and its benchmark configs keep the default
+FUSED_CROSS_ENTROPY_SOURCES = {"MOSAICML_LLMFOUNDRY"}
 
 
 class SkipRow(Exception):
@@ -257,6 +260,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             attention_kernel=_attention_kernel(row),
             tp_comm_overlap=row.get("source") in MEGATRON_SOURCES,
             fused_activation=row.get("source") in MEGATRON_CORE_SOURCES,
+            fused_cross_entropy=row.get("source") in FUSED_CROSS_ENTROPY_SOURCES,
             causal_block_skip=row.get("source") != "MOSAICML_LLMFOUNDRY",
             ep=_int(row, "ep", 1),
             optimizer_moments=recipe.get("optimizer_moments", "fp32") if recipe else "fp32",
