@@ -16,6 +16,7 @@ from shardscope.graph.common import (
     NOT_FULL,
     OpGroup,
     Shapes,
+    flash_attention,
     gemm,
     norm,
     residual,
@@ -39,15 +40,7 @@ def _core_attention(model: ModelSpec, plan: Plan, kind: LayerKind, nh: int, qk_h
     keys = model.keys_per_query(kind, s, causal=plan.causal_block_skip and plan.causal)
     flops = 2.0 * plan.micro_batch * nh * (qk_hd + v_hd) * s * keys / plan.cp
     io = BF16 * t * nh * (2 * qk_hd + 2 * v_hd)
-    op = Op(
-        "attention",
-        "attention",
-        flops=flops,
-        bytes=io,
-        bwd_flops=2.5 * flops,
-        bwd_bytes=2 * io,
-        head_dim=(qk_hd + v_hd) / 2,
-    )
+    op = flash_attention("attention", flops, io, head_dim=(qk_hd + v_hd) / 2)
     return [op], [Saved("attention logsumexp", FP32 * t * nh, NOT_FULL)]
 
 

@@ -102,6 +102,12 @@ def residual(name: str, model: ModelSpec, tokens: float) -> Op:
     return Op(name, "memory", bytes=3 * size, bwd_bytes=3 * size, cheap=True)
 
 
+def flash_attention(name: str, flops: float, io: float, head_dim: float) -> Op:
+    """A flash-attention kernel: `flops` forward over the keys each query sees, `io` bytes of Q, K, V and
+    output; backward does 2.5x the FLOPs (5 matmuls vs 2, Dao 2023) and moves twice the bytes."""
+    return Op(name, "attention", flops=flops, bytes=io, bwd_flops=2.5 * flops, bwd_bytes=2 * io, head_dim=head_dim)
+
+
 def gemm(name: str, m: float, n: int, k: int, fp8: bool = False, groups: int = 1, te_module: bool = True) -> Op:
     """A GEMM (M, N, K); `groups` > 1 is a grouped GEMM of that many equal problems (MoE experts);
     `te_module`: issued through a Transformer Engine module (else plain PyTorch)."""
