@@ -87,8 +87,6 @@ def gemm_fraction(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", gro
 
 def head_dim_scale(head_dim: float) -> float:
     """FA3-class throughput at this head dimension relative to head dim 128 (`FA3_HEAD_DIM_SCALE`)."""
-    if head_dim <= 0:
-        return 1.0
     x = math.log2(head_dim)
     points = [(math.log2(d), f) for d, f in FA3_HEAD_DIM_SCALE]
     if x <= points[0][0]:
