@@ -55,13 +55,13 @@ def _errors() -> dict[tuple[str, str, str, int], float]:
 
 
 def test_dispatcher_latency_matches_megatron_core_table_7():
-    """All 32 measurements within 25%, their mean absolute error under 10%. The flat all-to-all on
-    GB200 at EP 64 is the worst (-22%): NCCL's all-to-all over the NVL72 switch fabric reaches less of
-    the link than our 80% NVLink efficiency (taken from all-reduce bus bandwidth)."""
+    """All 32 measurements within 18%, their mean absolute error under 7% (the flat all-to-all on GB200
+    at 72% of NVLink 5, `A2A_SCALEUP_EFFICIENCY`; at the ring collectives' 80% it was 22% fast at EP 64
+    and the mean 6.8%)."""
     errors = _errors()
     worst = max(errors, key=lambda k: abs(errors[k]))
-    assert abs(errors[worst]) < 0.25, (worst, errors[worst])
-    assert sum(abs(e) for e in errors.values()) / len(errors) < 0.10
+    assert abs(errors[worst]) < 0.18, (worst, errors[worst])
+    assert sum(abs(e) for e in errors.values()) / len(errors) < 0.07
 
 
 def test_hybridep_across_nodes_needs_the_group_limit():

@@ -24,6 +24,13 @@ from shardscope.hardware.catalog import Cluster
 
 SCALEUP_EFFICIENCY = 0.80
 SCALEOUT_EFFICIENCY = 0.90
+# NCCL's all-to-all (grouped point-to-point sends, a few channels per peer) over NVLink 5 gets less of the
+# link than ring collectives do. Megatron-Core MoE report (arXiv 2603.07685, Table 7): the flat dispatch and
+# combine of 4096 top-8 tokens of 7168 BF16 values take 735-930 us at EP 8-64 on GB200 NVL72, which our
+# permute kernel plus all-to-all matches (within -14..+4%) at 72% of NVLink; on 8 H100s (NVLink 4) the
+# ring figure already lands within 5%. Dispatchers that write over NVLink from their own kernels (DeepEP,
+# HybridEP) keep `SCALEUP_EFFICIENCY` (same table).
+A2A_SCALEUP_EFFICIENCY = {"blackwell": 0.72}
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,11 +109,12 @@ def collective_time_s(
             remote, local = dispatch_copies(fanout, group)
             token_bytes = nbytes / fanout.top_k
             return max(remote * token_bytes / out, local * token_bytes / up) + alpha
+        nvlink = cluster.scaleup_gbps * 1e9 * A2A_SCALEUP_EFFICIENCY.get(cluster.gpu.arch, SCALEUP_EFFICIENCY)
         if not group.intra:  # only the off-domain share crosses the fabric, one NIC per GPU
             remote = (n - group.per_domain) / n * nbytes
             local = (group.per_domain - 1) / n * nbytes
-            return max(remote / out, local / up) + alpha
-        return (n - 1) / n * nbytes / bw + alpha
+            return max(remote / out, local / nvlink) + alpha
+        return (n - 1) / n * nbytes / nvlink + alpha
     if kind == "send_recv":
         if group.intra:
             return nbytes / (cluster.scaleup_gbps * 1e9 * SCALEUP_EFFICIENCY) + cluster.scaleup_latency_s
