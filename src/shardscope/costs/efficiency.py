@@ -27,7 +27,9 @@ GEMM_K_REF = 2048  # the depth of the shapes behind `matmul_*_fraction`
 #  fa2 on H100: ~35% (Shah et al. 2024, FlashAttention-3, §1: "FA2 achieves only 35% utilization").
 #  fa3 / cuDNN on H100: fwd 648 TFLOPS at 16k, non-causal = 65.5% (FlashAttention-3 v1, Fig. 5; its
 #  headline 740 TFLOPS = 75% is head dim 256); bwd 1.5-1.75x FA2 ≈ 50% (Fig. 7).
-#  Blackwell cuDNN / FA4-class kernels: assumed at the Hopper FA3 fractions (no public kernel paper).
+#  Blackwell cuDNN: at the Hopper FA3 fractions, which give B200 ~1200 TFLOPS forward at hd 128, as
+#  FlashAttention-4 measures cuDNN 9.13 there (FA4 reaches 1613 = 1.3x cuDNN). Newer cuDNN is faster: the
+#  Megatron-Core MoE report (Table 9) has 1324 / 1698 TFLOPS forward at 4k / 16k for MLA (test_plan_and_costs).
 #  CDNA3 CK flash attention: ~35% fwd, 25% bwd (ROCm blog figures, ~450 TFLOPS fwd on MI300X).
 ATTENTION_FRACTION: dict[tuple[str, str], tuple[float, float]] = {
     ("ampere", "fa2"): (0.72, 0.62),
