@@ -75,7 +75,7 @@ def test_estimate_table_output():
         (("estimate", "/nonexistent/config.json"), "not found"),
         (("validate", "/nonexistent.csv"), "not found"),
         (("estimate", "llama3.1-8b", "--main-grads", "fp8"), "--main-grads must be fp32 or bf16"),
-        (("estimate", "llama3.1-8b", "--cuda-graphs", "attn,layers"), "unknown layers; choose from attn, mlp"),
+        (("estimate", "llama3.1-8b", "--cuda-graphs", "attn,layers"), "unknown layers; choose none or from attn, mlp"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, needle):

@@ -70,6 +70,7 @@ def test_exposed_communication_is_gpu_time_of_its_segment():
 
 def test_plan_takes_scopes_as_text():
     assert Plan(cuda_graphs="moe_router, attn").cuda_graphs == ("moe_router", "attn")
+    assert Plan(cuda_graphs="none").cuda_graphs == ()
     with pytest.raises(ShardscopeError, match="unknown layers"):
         Plan(cuda_graphs="layers")
 

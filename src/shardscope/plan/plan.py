@@ -188,12 +188,14 @@ def comma_list(text: str) -> tuple[str, ...]:
 
 
 def cuda_graph_scopes(value: str | tuple[str, ...]) -> tuple[str, ...]:
-    """`--cuda-graphs` ("attn,moe_router" or a tuple) as a validated tuple of scopes."""
+    """`--cuda-graphs` ("attn,moe_router" or a tuple; "none" for eager) as a validated tuple of scopes."""
     scopes = comma_list(value) if isinstance(value, str) else tuple(value)
+    if scopes == ("none",):
+        return ()
     unknown = sorted(set(scopes) - set(CUDA_GRAPH_SCOPES))
     if unknown:
         raise ShardscopeError(
-            f"--cuda-graphs: unknown {', '.join(unknown)}; choose from {', '.join(CUDA_GRAPH_SCOPES)}"
+            f"--cuda-graphs: unknown {', '.join(unknown)}; choose none or from {', '.join(CUDA_GRAPH_SCOPES)}"
         )
     if "full_iteration" in scopes and len(scopes) > 1:
         raise ShardscopeError("--cuda-graphs full_iteration captures the whole step; list no other scope with it")
