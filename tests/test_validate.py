@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -150,3 +151,27 @@ def test_measured_runs_fit(public_report):
     over = {r.id for r in public_report.not_fitting()}
     assert over <= KNOWN_MEMORY_MISSES, sorted(over - KNOWN_MEMORY_MISSES)
     assert {"MB-035", "MB-045", "MB-051", "MB-057", "MB-083"}.isdisjoint(over)  # fit once the SwiGLU is fused
+
+
+PUBLISHED_MOE_RUNS = Path(__file__).resolve().parents[1] / "validation" / "published_moe_runs.csv"
+
+
+def test_published_moe_runs_carry_their_stated_settings():
+    """The measured MoE runs of `validation/published_moe_runs.csv` take the settings their sources state
+    (`published_runs.yaml`): every row is predicted but the one whose layout puts MTP in a chunk of its
+    own, and each plan has its run's dispatcher, overlap, CUDA graphs and recompute modules."""
+    from shardscope.validate.rows import case_from_row
+
+    report = run_validation(PUBLISHED_MOE_RUNS)
+    assert [s["id"] for s in report.skipped] == ["MR-003"]
+    assert "MTP chunk of its own" in report.skipped[0]["reason"]
+    assert len(report.rows) == 8
+    with open(PUBLISHED_MOE_RUNS, newline="") as fh:
+        rows = {r["id"]: r for r in csv.DictReader(fh)}
+    dsv3 = case_from_row(rows["MR-001"]).plan
+    assert (dsv3.fp8_recipe, dsv3.ep_dispatch, dsv3.ep_comm_overlap) == ("mxfp8", "hierarchical", False)
+    assert dsv3.cuda_graphs == ("attn", "moe_router", "moe_preprocess") and dsv3.offload_optimizer
+    assert dsv3.recompute_modules == ("mlp",) and len(dsv3.pp_layout) == 16
+    off, on = (case_from_row(rows[i]).plan for i in ("QA-001", "QA-002"))
+    assert (off.ep_comm_overlap, on.ep_comm_overlap) == (False, True)
+    assert off.cuda_graphs == ("moe_router", "moe_preprocess") and off.zero == 1

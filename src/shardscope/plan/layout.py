@@ -40,7 +40,10 @@ def parse_pp_layout(text: str) -> tuple[int, ...]:
     if any("E" in c for c in chunks[1:]) or chunks[0].count("E") > 1:
         raise ShardscopeError(f"--pp-layout {text!r}: the embedding (E) must be in the first chunk only")
     if any("L" in c or "m" in c for c in chunks[:-1]):
-        raise ShardscopeError(f"--pp-layout {text!r}: MTP (m) and the loss (L) must be in the last chunk")
+        raise ShardscopeError(
+            f"--pp-layout {text!r}: MTP (m) and the loss (L) must be in the last chunk "
+            "(an MTP chunk of its own is not modelled)"
+        )
     return tuple(c.count("t") for c in chunks)
 
 

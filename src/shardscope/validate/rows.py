@@ -45,7 +45,7 @@ from shardscope.hardware.catalog import Cluster, make_cluster
 from shardscope.models.spec import GPT_BLOCK, ModelSpec
 from shardscope.plan.plan import Plan, cuda_graph_scopes, make_plan
 
-MEGATRON_SOURCES = {"MBRIDGE_PERF", "NEMO_2407_PERF"}
+MEGATRON_SOURCES = {"MBRIDGE_PERF", "NEMO_2407_PERF", "MCORE_MOE_REPORT", "MBRIDGE_MOE_AB"}
 # Megatron-Core runs of today (distributed optimizer, fused activations); Narayanan 2021 predates both
 MEGATRON_CORE_SOURCES = MEGATRON_SOURCES | {"WAN_DIT_PERF"}
 # llm-foundry's MPT takes `loss_fn: fused_crossentropy` by default (flash-attn's xentropy kernel;
@@ -207,6 +207,19 @@ def megatron_bridge_recipe(row: dict[str, str]) -> dict | None:
     return None
 
 
+@lru_cache(maxsize=1)
+def _published_run_settings() -> dict[str, dict]:
+    text = (resources.files("shardscope.validate") / "published_runs.yaml").read_text()
+    return yaml.safe_load(text)["runs"]
+
+
+def run_recipe(row: dict[str, str]) -> dict | None:
+    """The settings behind a row that its columns do not carry: the Megatron-Bridge perf recipe, or for
+    the measured runs of `validation/published_moe_runs.csv` what their source states
+    (`published_runs.yaml`, keyed by row id)."""
+    return megatron_bridge_recipe(row) or _published_run_settings().get(row.get("id", ""))
+
+
 def recipe_cuda_graphs(recipe: dict) -> tuple[str, ...]:
     """The recipe's CUDA-graph scopes: `none`, `full_iteration` or `partial: <scope>, <scope>...`."""
     graphs = recipe["cuda_graphs"].strip()
@@ -231,7 +244,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
     precision = (row.get("precision") or "bf16").strip().lower()
     model = model_from_row(row)
     cluster = make_cluster(row["gpu"], _int(row, "num_gpus"))
-    recipe = megatron_bridge_recipe(row)
+    recipe = run_recipe(row)
     recompute = (row.get("recompute") or (recipe["recompute"] if recipe else "") or "none").strip().lower()
     recompute_layers = 0
     if recompute.startswith("selective"):
@@ -256,7 +269,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             recompute_layers=recompute_layers,
             recompute_modules=tuple(recipe["recompute_modules"]) if recipe and recompute == "selective" else None,
             precision="fp8" if precision == "fp8" else "bf16",
-            fp8_recipe=fp8_recipe(row) if precision == "fp8" else "tensorwise",
+            fp8_recipe=(recipe or {}).get("fp8_recipe") or fp8_recipe(row) if precision == "fp8" else "tensorwise",
             attention_kernel=_attention_kernel(row),
             tp_comm_overlap=row.get("source") in MEGATRON_SOURCES,
             fused_activation=row.get("source") in MEGATRON_CORE_SOURCES,
@@ -265,6 +278,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             ep=_int(row, "ep", 1),
             optimizer_moments=recipe.get("optimizer_moments", "fp32") if recipe else "fp32",
             main_grads=recipe.get("main_grads", "fp32") if recipe else "fp32",
+            offload_optimizer=bool(recipe and recipe.get("offload_optimizer")),
             **_moe_settings(row, recipe),
             # Megatron-Bridge's DeepSeek-V3 recipe trains the MTP module unless the table says "w/o MTP".
             mtp=bool(case_model_mtp(row)),
