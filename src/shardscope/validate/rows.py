@@ -21,7 +21,9 @@ Defaults for blank cells (the frameworks' own recipes, never tuned to a row):
                 perf recipe that produced them (`megatron_bridge_recipes.yaml`, read from the repository at
                 the commit that published the row). NCCL `alltoall` sends a copy per token-expert pair
                 (flat); DeepEP / HybridEP send one copy per node (hierarchical). A Megatron row without a
-                recipe gets the flex dispatcher and the overlap wherever Megatron-Core allows it.
+                recipe gets the flex dispatcher and the overlap wherever Megatron-Core allows it. The
+                measured runs of `validation/published_moe_runs.csv` take the same settings as their
+                sources state them (`published_runs.yaml`, keyed by row id, each cited).
   MTP           DeepSeek-V3 rows train the MTP module unless the table says "w/o MTP" (the recipe's
                 default; the rows' TFLOP/s-to-tokens/s ratios include its FLOPs), on the last stage.
   PP layout     the recipe's Megatron pipeline layout where it sets one (DeepSeek-V3), else the even split.
@@ -269,7 +271,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             recompute_layers=recompute_layers,
             recompute_modules=tuple(recipe["recompute_modules"]) if recipe and recompute == "selective" else None,
             precision="fp8" if precision == "fp8" else "bf16",
-            fp8_recipe=(recipe or {}).get("fp8_recipe") or fp8_recipe(row) if precision == "fp8" else "tensorwise",
+            fp8_recipe=((recipe or {}).get("fp8_recipe") or fp8_recipe(row)) if precision == "fp8" else "tensorwise",
             attention_kernel=_attention_kernel(row),
             tp_comm_overlap=row.get("source") in MEGATRON_SOURCES,
             fused_activation=row.get("source") in MEGATRON_CORE_SOURCES,
