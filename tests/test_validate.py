@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from shardscope.cli import app
-from shardscope.validate.runner import run_validation, spearman
+from shardscope.validate.runner import read_rows, run_validation, spearman
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_every_megatron_bridge_moe_row_has_its_recipe(public_csv):
     import csv
     import re
 
-    from shardscope.validate.rows import _megatron_bridge_recipes, megatron_bridge_recipe
+    from shardscope.validate.rows import _settings_file, megatron_bridge_recipe
 
     rows = [r for r in csv.DictReader(public_csv.open()) if r["source"] == "MBRIDGE_PERF" and r["arch"] == "moe"]
     assert rows
@@ -92,7 +92,7 @@ def test_every_megatron_bridge_moe_row_has_its_recipe(public_csv):
         assert recipe["dispatcher"] in ("alltoall", "deepep", "hybridep")
         if recipe["ep_comm_overlap"]:
             assert int(row["pp"]) == 1 or int(row["vpp"] or 1) > 1
-    assert len(used) == len(_megatron_bridge_recipes())  # no recipe without its row
+    assert len(used) == len(_settings_file("megatron_bridge_recipes.yaml")["recipes"])  # no recipe without its row
 
 
 def test_megatron_bridge_flop_definition_reproduces_published_ratios(public_csv):
@@ -166,8 +166,7 @@ def test_published_moe_runs_carry_their_stated_settings():
     assert [s["id"] for s in report.skipped] == ["MR-003"]
     assert "MTP chunk of its own" in report.skipped[0]["reason"]
     assert len(report.rows) == 8
-    with open(PUBLISHED_MOE_RUNS, newline="") as fh:
-        rows = {r["id"]: r for r in csv.DictReader(fh)}
+    rows = {r["id"]: r for r in read_rows(PUBLISHED_MOE_RUNS)}
     dsv3 = case_from_row(rows["MR-001"]).plan
     assert (dsv3.fp8_recipe, dsv3.ep_dispatch, dsv3.ep_comm_overlap) == ("mxfp8", "hierarchical", False)
     assert dsv3.cuda_graphs == ("attn", "moe_router", "moe_preprocess") and dsv3.offload_optimizer

@@ -180,10 +180,10 @@ def case_model_mtp(row: dict[str, str]) -> bool:
     return row["model"].lower() == "deepseek_v3" and "w/o MTP" not in row.get("notes", "")
 
 
-@lru_cache(maxsize=1)
-def _megatron_bridge_recipes() -> tuple[dict, ...]:
-    text = (resources.files("shardscope.validate") / "megatron_bridge_recipes.yaml").read_text()
-    return tuple(yaml.safe_load(text)["recipes"])
+@lru_cache(maxsize=2)
+def _settings_file(name: str) -> dict:
+    """One of this package's run-settings files (`megatron_bridge_recipes.yaml`, `published_runs.yaml`)."""
+    return yaml.safe_load((resources.files("shardscope.validate") / name).read_text())
 
 
 def nemo_container(notes: str) -> str | None:
@@ -203,29 +203,22 @@ def megatron_bridge_recipe(row: dict[str, str]) -> dict | None:
     if not container or not precision:
         return None
     key = (row["model"], row["gpu"], _int(row, "num_gpus"), precision.group(1).strip(), container)
-    for recipe in _megatron_bridge_recipes():
+    for recipe in _settings_file("megatron_bridge_recipes.yaml")["recipes"]:
         if (recipe["model"], recipe["system"], recipe["gpus"], recipe["precision"], recipe["container"]) == key:
             return recipe
     return None
-
-
-@lru_cache(maxsize=1)
-def _published_run_settings() -> dict[str, dict]:
-    text = (resources.files("shardscope.validate") / "published_runs.yaml").read_text()
-    return yaml.safe_load(text)["runs"]
 
 
 def run_recipe(row: dict[str, str]) -> dict | None:
     """The settings behind a row that its columns do not carry: the Megatron-Bridge perf recipe, or for
     the measured runs of `validation/published_moe_runs.csv` what their source states
     (`published_runs.yaml`, keyed by row id)."""
-    return megatron_bridge_recipe(row) or _published_run_settings().get(row.get("id", ""))
+    return megatron_bridge_recipe(row) or _settings_file("published_runs.yaml")["runs"].get(row.get("id", ""))
 
 
 def recipe_cuda_graphs(recipe: dict) -> tuple[str, ...]:
     """The recipe's CUDA-graph scopes: `none`, `full_iteration` or `partial: <scope>, <scope>...`."""
-    graphs = recipe["cuda_graphs"].strip()
-    return () if graphs == "none" else cuda_graph_scopes(graphs.removeprefix("partial:"))
+    return cuda_graph_scopes(recipe["cuda_graphs"].strip().removeprefix("partial:"))
 
 
 def _moe_settings(row: dict[str, str], recipe: dict | None) -> dict:
