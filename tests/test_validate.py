@@ -174,3 +174,28 @@ def test_published_moe_runs_carry_their_stated_settings():
     off, on = (case_from_row(rows[i]).plan for i in ("QA-001", "QA-002"))
     assert (off.ep_comm_overlap, on.ep_comm_overlap) == (False, True)
     assert off.cuda_graphs == ("moe_router", "moe_preprocess") and off.zero == 1
+
+
+def test_kernels_per_step_match_the_nsight_count_of_the_qwen3_ab():
+    """The rank-0 Nsight profile of one step of the Qwen3-30B-A3B A/B (QA-001: 16 H100, EP 16, 64 micro-
+    batches of 4,096 tokens, 48 layers) ran 463,348 kernels (Megatron-Bridge
+    skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md @067f987df). The op graph's kernels per phase
+    (`op_kernels`: the router's 31, one GEMM per expert forward and two backward, flash attention's 1 + 3),
+    with one per collective, add up to within 10% of it: the kernel gaps `op_time_s` charges are the
+    measured step's."""
+    from shardscope.costs.compute import op_kernels
+    from shardscope.graph.build import build_stage_graph
+    from shardscope.validate.rows import case_from_row
+
+    case = case_from_row({r["id"]: r for r in read_rows(PUBLISHED_MOE_RUNS)}["QA-001"])
+    plan = case.plan
+    graph = build_stage_graph(case.model, plan, case.cluster.gpu.arch)
+
+    def kernels(group) -> int:
+        return sum(op_kernels(op, bwd, plan) for op in group.ops for bwd in (False, True)) + len(group.comms)
+
+    micro_batches = plan.global_batch // (plan.dp * plan.micro_batch)
+    per_micro_batch = sum(kernels(graph.layers[k]) for k in graph.kinds) + kernels(graph.embedding)
+    per_micro_batch += kernels(graph.head)
+    assert micro_batches == 64 and len(graph.kinds) == 48
+    assert micro_batches * per_micro_batch == pytest.approx(463_348, rel=0.10)

@@ -1,12 +1,25 @@
-"""Time of compute ops on one GPU: a roofline with op-class efficiencies (see `efficiency`)."""
+"""Time of compute ops on one GPU: a roofline with op-class efficiencies (see `efficiency`), plus the
+GPU-side gap of every kernel the op runs in series."""
 
 from __future__ import annotations
 
+import math
+
 from shardscope.costs.efficiency import HBM_FRACTION, KERNEL_GAP_S, attention_fraction, gemm_fraction
 from shardscope.graph.common import OpGroup
+from shardscope.graph.fp8 import QUANT_KERNELS
 from shardscope.graph.ops import Op
 from shardscope.hardware.catalog import GPU
 from shardscope.plan.plan import Plan
+
+# Transformer Engine issues a grouped GEMM's per-expert GEMMs and quantizations round-robin over four
+# compute streams (transformer_engine/common/util/multi_stream.cpp, `num_compute_streams = 4`; used by
+# cublaslt_gemm.cu's multi-stream GEMM and cast.cu's multi-tensor quantize, TE 2.9): four at a time
+# overlap their launch gaps.
+TE_COMPUTE_STREAMS = 4
+# Flash attention's backward is three kernels: dO·O row sums, the main dQ/dK/dV loop and the dQ
+# conversion (flash-attention csrc `flash_bwd_launch_template.h`; cuDNN's backward is alike).
+ATTENTION_BWD_KERNELS = 3
 
 
 def memory_time_s(gpu: GPU, nbytes: float) -> float:
@@ -16,40 +29,68 @@ def memory_time_s(gpu: GPU, nbytes: float) -> float:
 def gemm_time_s(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", groups: int = 1) -> float:
     """Roofline of one GEMM, or of a grouped GEMM of `groups` problems of (M, N, K) each: FLOPs at the
     size-dependent fraction of the precision's peak, or the operand traffic at streaming bandwidth,
-    whichever is longer; plus the inter-kernel gap."""
+    whichever is longer (kernel gaps are counted by `op_time_s`)."""
     flops = 2.0 * m * n * k * groups
     compute = flops / (gpu.peak_tflops(precision) * 1e12 * gemm_fraction(gpu, m, n, k, precision, groups))
     elem = 1.0 if precision == "fp8" else 2.0
     io = groups * (elem * (m * k + k * n) + 2.0 * m * n)
-    return max(compute, memory_time_s(gpu, io)) + KERNEL_GAP_S
+    return max(compute, memory_time_s(gpu, io))
+
+
+def _kernels_per_expert(op: Op, backward: bool, plan: Plan) -> int:
+    """A GEMM's kernels per expert in one phase: one GEMM forward, two backward (dgrad, wgrad), and
+    under an FP8 recipe the quantization of one operand (`QUANT_KERNELS`)."""
+    gemms = 2 if backward else 1
+    return gemms + (QUANT_KERNELS[plan.fp8_recipe] if op.fp8 and plan.precision == "fp8" else 0)
+
+
+def op_kernels(op: Op, backward: bool, plan: Plan) -> int:
+    """Kernels one phase of `op` runs: a GEMM's per expert (`_kernels_per_expert`), flash attention's
+    one forward and `ATTENTION_BWD_KERNELS` backward, a memory op's `launches` (an FP8 cast op none:
+    the GEMMs count its kernels)."""
+    if op.kind == "gemm":
+        return _kernels_per_expert(op, backward, plan) * op.groups
+    if op.kind == "attention":
+        return ATTENTION_BWD_KERNELS if backward else 1
+    return op.launches
+
+
+def serial_kernels(op: Op, backward: bool, plan: Plan) -> int:
+    """Of `op_kernels`, those that run one after another, each paying `KERNEL_GAP_S`: a grouped GEMM
+    spreads its experts over `TE_COMPUTE_STREAMS`."""
+    if op.kind == "gemm" and op.groups > 1:
+        return _kernels_per_expert(op, backward, plan) * math.ceil(op.groups / TE_COMPUTE_STREAMS)
+    return op_kernels(op, backward, plan)
 
 
 def op_time_s(gpu: GPU, op: Op, backward: bool, plan: Plan) -> float:
-    """Forward or backward time of one op (backward of a GEMM = dgrad + wgrad GEMMs)."""
+    """Forward or backward time of one op (backward of a GEMM = dgrad + wgrad GEMMs), its serial
+    kernels' gaps included."""
+    gaps = serial_kernels(op, backward, plan) * KERNEL_GAP_S
     if op.kind == "gemm":
         m, n, k = op.mnk
         g = op.groups
         mg = max(1, round(m / g))  # rows per problem of a grouped GEMM (tokens per local expert)
         precision = "fp8" if op.fp8 and plan.precision == "fp8" else "bf16"
         if not backward:
-            return gemm_time_s(gpu, mg, n, k, precision, g)
+            return gemm_time_s(gpu, mg, n, k, precision, g) + gaps
         # dgrad: (M, K) = (M, N)(N, K) per expert; wgrad: (K, N) per expert, summed over its M rows
-        return gemm_time_s(gpu, mg, k, n, precision, g) + gemm_time_s(gpu, k, n, mg, precision, g)
+        return gemm_time_s(gpu, mg, k, n, precision, g) + gemm_time_s(gpu, k, n, mg, precision, g) + gaps
     if op.kind == "attention":
         flops = op.bwd_flops if backward else op.flops
         # the kernel tiles this rank's queries: a CP rank holds seq_len / cp of them
         frac = attention_fraction(gpu, plan.attention_kernel, plan.seq_len // plan.cp, backward, op.head_dim)
         # Flash attention's compute runs at the BF16 rate even under FP8 GEMM recipes.
         io = memory_time_s(gpu, op.bwd_bytes if backward else op.bytes)
-        return max(flops / (gpu.bf16_tflops * 1e12 * frac), io) + KERNEL_GAP_S
+        return max(flops / (gpu.bf16_tflops * 1e12 * frac), io) + gaps
     nbytes = op.bwd_bytes if backward else op.bytes
-    return memory_time_s(gpu, nbytes) + KERNEL_GAP_S
+    return memory_time_s(gpu, nbytes) + gaps
 
 
 def group_times_s(gpu: GPU, unit: OpGroup, plan: Plan) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Forward and backward time of each op of `unit`, memoised on the group: the op graph is shared by
     every plan that differs only outside its fields, and these are the only plan fields `op_time_s` reads."""
-    key = ("times", gpu, plan.precision, plan.attention_kernel, plan.seq_len, plan.cp)
+    key = ("times", gpu, plan.precision, plan.fp8_recipe, plan.attention_kernel, plan.seq_len, plan.cp)
 
     def times() -> tuple[tuple[float, ...], tuple[float, ...]]:
         fwd = tuple(op_time_s(gpu, op, False, plan) for op in unit.ops)

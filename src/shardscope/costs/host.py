@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 
+from shardscope.graph.fp8 import QUANT_KERNELS
 from shardscope.graph.ops import Op
 from shardscope.plan.plan import Plan
 
@@ -40,11 +41,9 @@ GEMM_CALL_S = 33e-6
 # A GEMM issued by plain PyTorch (`F.linear`, Megatron's router): 13.5 us of CPU time per forward on an
 # H100 DGX (TransformerEngine issue #2053, torch backend).
 TORCH_GEMM_S = 13.5e-6
-# Per FP8 GEMM operand quantized in a phase, per expert: the kernels (current "tensorwise" scaling zeroes
-# the amax, reduces it, computes the scale and casts; the others cast in one kernel, TE 2.9) and the
+# Per FP8 GEMM operand quantized in a phase, per expert: its kernels (`graph.fp8.QUANT_KERNELS`) and the
 # tensors allocated for the result (block-scaled recipes: data and scales, row- and column-wise = 4;
 # per-tensor: data and its transpose = 2; Megatron-LM DeepSeek-V3 GB200 guide, MXFP8), each one call.
-QUANT_LAUNCHES = {"tensorwise": 4, "delayed": 1, "blockwise": 1, "mxfp8": 1}
 QUANT_ALLOCS = {"tensorwise": 2, "delayed": 2, "blockwise": 4, "mxfp8": 4}
 
 
@@ -65,7 +64,7 @@ def op_host_s(op: Op, backward: bool, plan: Plan) -> float:
     if not (op.fp8 and plan.precision == "fp8"):
         return issue
     recipe = plan.fp8_recipe
-    return issue + op.groups * (QUANT_LAUNCHES[recipe] + QUANT_ALLOCS[recipe]) * LAUNCH_S
+    return issue + op.groups * (QUANT_KERNELS[recipe] + QUANT_ALLOCS[recipe]) * LAUNCH_S
 
 
 def syncs(plan: Plan) -> bool:

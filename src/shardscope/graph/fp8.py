@@ -19,6 +19,9 @@ from shardscope.plan.plan import Plan
 RECIPES = ("tensorwise", "delayed", "blockwise", "mxfp8")
 CAST_BYTES = {"tensorwise": 5.0, "delayed": 3.0, "blockwise": 4.0, "mxfp8": 4.0}
 TRANSPOSE_BYTES = 2.0
+# Kernels that quantize one GEMM operand: current ("tensorwise") scaling zeroes the amax, reduces it,
+# computes the scale and casts; the other recipes cast in one kernel (Transformer Engine 2.9).
+QUANT_KERNELS = {"tensorwise": 4, "delayed": 1, "blockwise": 1, "mxfp8": 1}
 
 
 def needs_transpose(plan: Plan, arch: str) -> bool:

@@ -41,7 +41,7 @@ class Op:
     modules: frozenset[str] = frozenset()  # Megatron recompute modules that re-run it (see MEGATRON_MODULES)
     scope: str = ""
     host_sync: bool = False
-    launches: int = 1  # kernels the host launches for it per phase (GEMMs: see costs.host)
+    launches: int = 1  # kernels it runs per phase, each launched by the host (GEMMs: costs.compute.serial_kernels)
     te_module: bool = True  # a GEMM issued through a Transformer Engine module, not plain PyTorch
     head_dim: float = 128  # attention: the mean of the query-key and value head dimensions
 
