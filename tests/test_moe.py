@@ -140,6 +140,36 @@ def test_expert_bias_traffic_matches_pytorch():
     assert bias_op.bwd_bytes == pytest.approx(bwd.total, rel=0.01)
 
 
+def test_gpt_oss_glu_clamp_matches_pytorch():
+    """GPT-OSS clamps gate and up (`swiglu_limit` 7) in eager PyTorch before Megatron-Core's fused GLU:
+    the graph's clamp op has the bytes and kernels of those ATen ops forward and backward, and the copy
+    it adds to the saved activations is the clamped tensor the GLU keeps (the clamps keep their input,
+    the gate/up output already saved)."""
+    model = load_model("gpt-oss-120b")
+    assert model.glu_clamp == 7.0
+    plan = make_plan(model, make_cluster("B200", 64), ep=8, global_batch=64, micro_batch=1, seq_len=4096)
+    layer = next(g for k, g in build_stage_graph(model, plan).layers.items() if k.mlp == "moe")
+    clamp = next(op for op in layer.ops if op.name == "experts gate, up clamp")
+    clamped = next(s for s in layer.saved if s.name == "experts clamped gate, up")
+    rows = plan.seq_len * model.moe.top_k  # token-expert pairs this rank computes, balanced routing
+    ffn = model.moe.expert_ffn
+    with FakeTensorMode():
+        y = torch.empty(rows, 2 * ffn, dtype=torch.bfloat16, requires_grad=True)
+        with AtenBytes() as fwd:
+            gate, up = y.chunk(2, -1)
+            out = torch.cat((gate.clamp(max=model.glu_clamp), up.clamp(-model.glu_clamp, model.glu_clamp)), -1)
+        grad = torch.empty_like(out)
+        with AtenBytes() as bwd:
+            out.backward(grad)
+    assert clamp.bytes == pytest.approx(fwd.total, rel=1e-6)
+    assert clamp.bwd_bytes == pytest.approx(bwd.total, rel=1e-6)
+    assert (clamp.launches, clamp.bwd_launches) == (3, 7)
+    assert clamped.bytes == out.numel() * out.element_size()
+    qwen = load_model("qwen3-30b-a3b")
+    graph = build_stage_graph(qwen, make_plan(qwen, make_cluster("B200", 8), ep=8, global_batch=8))
+    assert qwen.glu_clamp == 0 and not any("clamp" in op.name for g in graph.layers.values() for op in g.ops)
+
+
 def test_mla_projection_flops_match_pytorch():
     """DeepSeek-V3 MLA projections (q down/up, kv down/up, out) counted by FlopCounterMode."""
     m, plan, g = _graph("deepseek-v3", gpus=1)

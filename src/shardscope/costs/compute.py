@@ -46,13 +46,13 @@ def _kernels_per_expert(op: Op, backward: bool, plan: Plan) -> int:
 
 def op_kernels(op: Op, backward: bool, plan: Plan) -> int:
     """Kernels one phase of `op` runs: a GEMM's per expert (`_kernels_per_expert`), flash attention's
-    one forward and `ATTENTION_BWD_KERNELS` backward, a memory op's `launches` (an FP8 cast op none:
-    the GEMMs count its kernels)."""
+    one forward and `ATTENTION_BWD_KERNELS` backward, a memory op's `launches` (`bwd_launches` backward
+    where given; an FP8 cast op none: the GEMMs count its kernels)."""
     if op.kind == "gemm":
         return _kernels_per_expert(op, backward, plan) * op.groups
     if op.kind == "attention":
         return ATTENTION_BWD_KERNELS if backward else 1
-    return op.launches
+    return op.bwd_launches if backward and op.bwd_launches is not None else op.launches
 
 
 def serial_kernels(op: Op, backward: bool, plan: Plan) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 
+from shardscope.costs.compute import op_kernels
 from shardscope.graph.fp8 import QUANT_KERNELS
 from shardscope.graph.ops import Op
 from shardscope.plan.plan import Plan
@@ -58,7 +59,7 @@ def op_host_s(op: Op, backward: bool, plan: Plan) -> float:
     if op.kind == "attention":
         return TE_MODULE_S
     if op.kind != "gemm":
-        return op.launches * LAUNCH_S
+        return op_kernels(op, backward, plan) * LAUNCH_S
     calls = op.groups * (2 if backward else 1)
     issue = TE_MODULE_S + (calls - 1) * GEMM_CALL_S if op.te_module else calls * TORCH_GEMM_S
     if not (op.fp8 and plan.precision == "fp8"):

@@ -34,6 +34,17 @@ from shardscope.plan.plan import Plan
 ROUTER_KERNELS = 31
 
 
+def _glu_clamp(name: str, values: float) -> Op:
+    """GPT-OSS clamps the gate to (-inf, limit] and the up half to [-limit, limit] before its GLU, in
+    eager PyTorch ahead of Megatron-Core's fused one (`weighted_bias_quick_geglu_impl`, core_v0.16.0): two
+    clamps and a concatenation forward (3 kernels); backward masks both gradients (ge, le, and, where;
+    le, where) and concatenates them (7 kernels). Bytes per gate/up pair, in bf16 values: 8 forward, 15
+    backward (what the ATen ops read and write, test_moe)."""
+    return Op(
+        name, "memory", bytes=8 * BF16 * values, bwd_bytes=15 * BF16 * values, cheap=True, launches=3, bwd_launches=7
+    )
+
+
 def _ffn(
     model: ModelSpec,
     name: str,
@@ -63,6 +74,10 @@ def _ffn(
             *([] if fused else [Saved(f"{pre}silu(gate)", BF16 * tokens * ffn, NONE_ONLY)]),
             Saved(f"{pre}swiglu out (down input)", gemm_in * tokens * ffn, NONE_ONLY),
         ]
+        if model.glu_clamp:
+            ops.insert(1, _glu_clamp(f"{pre}gate, up clamp", tokens * ffn))
+            # the clamps keep their input (gate, up); the GLU keeps the clamped copy
+            saved.insert(1, Saved(f"{pre}clamped gate, up", 2 * BF16 * tokens * ffn, NONE_ONLY))
         up_width = 2 * ffn
     else:
         ops.append(gemm(f"{pre}up proj", tokens, ffn, h, fp8, groups))
@@ -74,11 +89,12 @@ def _ffn(
             Saved(f"{pre}gelu out (down input)", gemm_in * tokens * ffn, NONE_ONLY),
         ]
         up_width = ffn
+    act_ops = len(ops) - 1  # the activation, and a clamp before it
     ops.append(gemm(f"{pre}down proj", tokens, h, ffn, fp8, groups))
     fp8_inputs = tokens * (h + ffn)
     fp8_grads = tokens * (up_width + h)
-    if act_module:  # the activation op and the two tensors after it
-        ops[1:2] = tagged(ops[1:2], act_module)
+    if act_module:  # the activation's ops and the tensors after the GEMM's output
+        ops[1 : 1 + act_ops] = tagged(ops[1 : 1 + act_ops], act_module)
         saved[1:] = tagged(saved[1:], act_module)
     return tagged(ops, *modules), tagged(saved, *modules), fp8_inputs, fp8_grads
 

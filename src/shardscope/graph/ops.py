@@ -42,6 +42,7 @@ class Op:
     scope: str = ""
     host_sync: bool = False
     launches: int = 1  # kernels it runs per phase, each launched by the host (GEMMs: costs.compute.serial_kernels)
+    bwd_launches: int | None = None  # backward's kernels where they differ from forward's
     te_module: bool = True  # a GEMM issued through a Transformer Engine module, not plain PyTorch
     head_dim: float = 128  # attention: the mean of the query-key and value head dimensions
 

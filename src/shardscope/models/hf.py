@@ -230,6 +230,7 @@ def _gpt_oss(name: str, cfg: dict[str, Any]) -> ModelSpec:
         out_bias=bool(cfg.get("attention_bias", True)),
         sinks=True,
         glu_gate="quick_gelu",  # OpenAI's reference: gate·σ(1.702·gate), clamped (swiglu_limit)
+        glu_clamp=float(cfg.get("swiglu_limit") or 0.0),
         attention_window=int(cfg.get("sliding_window") or 0),
         attention_pattern=pattern,
     )

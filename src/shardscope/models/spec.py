@@ -113,6 +113,7 @@ class ModelSpec(Memoised):
     vocab: int
     mlp: MlpKind = "swiglu"
     glu_gate: Literal["silu", "quick_gelu"] = "silu"  # gate of a gated MLP: x·σ(x), or x·σ(1.702x) (GPT-OSS)
+    glu_clamp: float = 0.0  # gate and up clamped to this bound before the GLU (GPT-OSS `swiglu_limit`); 0: none
     norm: NormKind = "rmsnorm"
     norm_bias: bool = False
     qkv_bias: bool = False
