@@ -170,6 +170,32 @@ def test_gpt_oss_glu_clamp_matches_pytorch():
     assert qwen.glu_clamp == 0 and not any("clamp" in op.name for g in graph.layers.values() for op in g.ops)
 
 
+def test_all_to_all_dispatcher_sorts_chunks_by_local_expert():
+    """Megatron-Core's all-to-all dispatcher receives rows grouped by source rank and sorts them by local
+    expert (`sort_chunks_by_idxs`), restoring the order before the combine. Its unfused form, a split and
+    a concatenation in a new order, moves what the graph's ops move (the routing weights aside); the
+    dispatchers that permute on arrival (DeepEP/HybridEP), a single local expert and no EP do not sort."""
+    model = load_model("qwen3-30b-a3b")
+    plan = make_plan(model, make_cluster("H100", 8), ep=8, global_batch=8, seq_len=4096, ep_dispatch="flat")
+    layer = next(g for k, g in build_stage_graph(model, plan).layers.items() if k.mlp == "moe")
+    ops = {op.name: op for op in layer.ops}
+    local, rows = model.moe.experts // plan.ep, plan.seq_len * model.moe.top_k
+    with FakeTensorMode():
+        received = torch.empty(rows, model.hidden, dtype=torch.bfloat16)
+        chunks = torch.split(received, rows // (plan.ep * local))  # one chunk per (source rank, expert)
+        order = [r * local + e for e in range(local) for r in range(plan.ep)]
+        with AtenBytes() as moved:
+            torch.cat([chunks[i] for i in order])
+    assert ops["sort chunks by expert"].bwd_bytes == moved.total
+    assert ops["unsort chunks"].bytes == ops["unsort chunks"].bwd_bytes == moved.total
+    assert ops["sort chunks by expert"].bytes == moved.total + 2 * 4 * rows  # and the fp32 weights
+    one_per_rank = dataclasses.replace(model, moe=dataclasses.replace(model.moe, experts=8))
+    for m, kw in ((model, dict(ep_dispatch="hierarchical")), (model, dict(ep=1)), (one_per_rank, {})):
+        other = make_plan(m, make_cluster("H100", 8), **(dict(ep=8, global_batch=8, ep_dispatch="flat") | kw))
+        graph = build_stage_graph(m, other)
+        assert not any("chunks" in op.name for g in graph.layers.values() for op in g.ops), kw
+
+
 def test_mla_projection_flops_match_pytorch():
     """DeepSeek-V3 MLA projections (q down/up, kv down/up, out) counted by FlopCounterMode."""
     m, plan, g = _graph("deepseek-v3", gpus=1)

@@ -176,6 +176,14 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
             Collective("etp all-gather tokens", "all_gather", "etp", dispatch * plan.etp, "fwd"),
             Collective("etp reduce-scatter tokens", "reduce_scatter", "etp", dispatch * plan.etp, "bwd"),
         ]
+    # Megatron-Core's all-to-all dispatcher sorts the received chunks (source rank-major) by local expert
+    # after the dispatch and restores their order before the combine (`sort_chunks_by_idxs`, fused with
+    # `moe_permute_fusion`, core_v0.16.0 token_dispatcher.py): each a read and a write of every routed
+    # row, the routing weights too on the way in; backward sorts the gradients the same way.
+    sort_chunks = plan.ep > 1 and plan.ep_dispatch == "flat" and local_experts > 1
+    if sort_chunks:
+        rows = 2 * BF16 * routed * h
+        ops.append(Op("sort chunks by expert", "memory", bytes=rows + 2 * FP32 * routed, bwd_bytes=rows))
     saved.append(Saved("permuted tokens (expert input)", sh.gemm_in * routed * h, NOT_FULL))
     e_ops, e_saved, fi, fg = _ffn(
         model,
@@ -211,6 +219,8 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
         saved.append(Saved("expert routing weights", FP32 * routed, NOT_FULL))
     else:  # the weighted sum after the un-permute keeps the expert outputs for the weights' gradient
         saved.append(Saved("expert outputs", BF16 * routed * h, NOT_FULL))
+    if sort_chunks:
+        ops.append(Op("unsort chunks", "memory", bytes=2 * BF16 * routed * h, bwd_bytes=2 * BF16 * routed * h))
     if plan.etp > 1:
         comms += [
             Collective("etp reduce-scatter outputs", "reduce_scatter", "etp", dispatch * plan.etp, "fwd"),
