@@ -181,9 +181,9 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     # `moe_permute_fusion`, core_v0.16.0 token_dispatcher.py): each a read and a write of every routed
     # row, the routing weights too on the way in; backward sorts the gradients the same way.
     sort_chunks = plan.ep > 1 and plan.ep_dispatch == "flat" and local_experts > 1
+    sort_bytes = 2 * BF16 * routed * h  # read and write every routed row
     if sort_chunks:
-        rows = 2 * BF16 * routed * h
-        ops.append(Op("sort chunks by expert", "memory", bytes=rows + 2 * FP32 * routed, bwd_bytes=rows))
+        ops.append(Op("sort chunks by expert", "memory", bytes=sort_bytes + 2 * FP32 * routed, bwd_bytes=sort_bytes))
     saved.append(Saved("permuted tokens (expert input)", sh.gemm_in * routed * h, NOT_FULL))
     e_ops, e_saved, fi, fg = _ffn(
         model,
@@ -220,7 +220,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     else:  # the weighted sum after the un-permute keeps the expert outputs for the weights' gradient
         saved.append(Saved("expert outputs", BF16 * routed * h, NOT_FULL))
     if sort_chunks:
-        ops.append(Op("unsort chunks", "memory", bytes=2 * BF16 * routed * h, bwd_bytes=2 * BF16 * routed * h))
+        ops.append(Op("unsort chunks", "memory", bytes=sort_bytes, bwd_bytes=sort_bytes))
     if plan.etp > 1:
         comms += [
             Collective("etp reduce-scatter outputs", "reduce_scatter", "etp", dispatch * plan.etp, "fwd"),
