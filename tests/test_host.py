@@ -31,10 +31,11 @@ LOOP = Op("loop", "gemm", groups=4)
 
 def test_a_sync_stops_the_host_running_ahead():
     """A long GPU kernel, then a host-heavy GEMM loop: the host issues the loop while the kernel runs,
-    unless it must first wait for the kernel (a sync before the loop)."""
+    unless it must first wait for the kernel (a sync before the loop). Then the drained GPU waits for the
+    loop's issue and for the launch of the next layer's kernel."""
     fwd_s, bwd_s = op_host_s(LOOP, False, Plan()), op_host_s(LOOP, True, Plan())
     kernel_s = LAUNCH_S + fwd_s  # long enough to hide the forward loop's issue
-    for synced, stall in ((False, 0.0), (True, fwd_s)):
+    for synced, stall in ((False, 0.0), (True, fwd_s + LAUNCH_S)):
         ops = (Op("kernel", "memory"), replace(LOOP, host_sync=synced))
         assert host_stall_s(ops, (kernel_s, 0.0), False, Plan()) == pytest.approx(stall)
         # backward never synchronises: all of it is issued while the kernel runs
@@ -56,16 +57,33 @@ def test_graphing_the_router_and_preprocess_keeps_the_sync():
     assert host_stall_s(ops, times, False, Plan(cuda_graphs=("attn", "moe"))) == 0.0
 
 
-def test_exposed_communication_is_gpu_time_of_its_segment():
-    """The MoE dispatch runs after the sync, beside the expert loop; other exposed communication (TP,
-    CP) runs before it and cannot hide the loop."""
+def test_exposed_communication_is_gpu_time_where_it_is_issued():
+    """The MoE dispatch is issued first after the sync and runs while the host issues the expert loop and
+    the next layer's start; other exposed communication (TP, CP) is issued with the layer's first op, after
+    the loop, and cannot hide it."""
     ops = (Op("router", "memory"), replace(LOOP, host_sync=True))
     loop_s = op_host_s(LOOP, False, Plan())
     assert host_stall_s(ops, (0.0, 0.0), False, Plan()) == pytest.approx(LAUNCH_S + loop_s)
     dispatch = host_stall_s(ops, (0.0, 0.0), False, Plan(), exposed_comm_s=1.0, dispatch_comm_s=1.0)
-    assert dispatch == pytest.approx(LAUNCH_S)  # only the router's launch is left waiting
+    assert dispatch == 0.0
     tp_only = host_stall_s(ops, (0.0, 0.0), False, Plan(), exposed_comm_s=1.0, dispatch_comm_s=0.0)
-    assert tp_only == pytest.approx(loop_s)
+    assert tp_only == pytest.approx(loop_s + LAUNCH_S)
+    # a dispatch shorter than the loop's issue leaves the rest of the issue exposed
+    short = host_stall_s(ops, (0.0, 0.0), False, Plan(), exposed_comm_s=loop_s / 2, dispatch_comm_s=loop_s / 2)
+    assert short == pytest.approx(loop_s / 2 + LAUNCH_S)
+
+
+def test_the_drained_queue_waits_for_the_slow_host_part_even_when_the_gpu_is_longer_overall():
+    """After the sync the GPU starts empty: a host-heavy loop issued first keeps it idle even though the
+    kernel that follows gives the stretch more GPU time than host time (a segment sum would say 0)."""
+    loop_s = op_host_s(LOOP, False, Plan())
+    ops = (Op("kernel", "memory"), replace(LOOP, host_sync=True))
+    assert host_stall_s(ops, (10 * loop_s, 0.0), False, Plan()) == pytest.approx(loop_s + LAUNCH_S)
+    from shardscope.costs.host import queue_idle_s
+
+    assert queue_idle_s([1.0, 1.0, 1.0], [3.0, 0.0, 0.0]) == pytest.approx(1.0)
+    assert queue_idle_s([1.0, 1.0, 1.0], [0.0, 0.0, 5.0]) == pytest.approx(3.0)
+    assert queue_idle_s([0.0, 2.0], [1.0, 1.0]) == pytest.approx(1.0)
 
 
 def test_plan_takes_scopes_as_text():

@@ -7,10 +7,12 @@ Engine's grouped GEMM issues one cuBLASLt GEMM per local expert from a host loop
 captured scope with one launch, which removes its host time (Megatron-Core `--cuda-graph-modules`, or
 the whole step with `full_iteration`).
 
-Per phase of a layer: time = Σ over segments between synchronisations of max(host, GPU); forward
-has the MoE dispatcher's one sync, backward none (the host runs ahead across its layers). Exposed
-communication keeps the GPU busy too: the dispatcher's all-to-alls after its sync, while the host issues
-the experts; TP and CP collectives before it. The stall is what that adds to the GPU time.
+Without a synchronisation the host runs ahead across layers and the GPU waits max(0, host - GPU) per
+layer. A synchronisation drains the GPU's queue: from there to the next one (the next layer's sync) the
+GPU starts empty and waits whenever the host has not yet issued the next kernel (`queue_idle_s`). Forward
+has the MoE dispatcher's one sync per layer, backward none. Exposed communication keeps the GPU busy too:
+the dispatcher's all-to-alls right after its sync, while the host issues the experts; TP and CP
+collectives at the layer's start.
 """
 
 from __future__ import annotations
@@ -75,6 +77,18 @@ def syncs(plan: Plan) -> bool:
     return not ({"moe", "full_iteration"} & set(plan.cuda_graphs))
 
 
+def queue_idle_s(host: list[float], gpu: list[float]) -> float:
+    """GPU idle while the host issues ops in order into an empty stream. Op i is issued once the host has
+    spent host[0] + ... + host[i], and runs after op i-1: the GPU finishes at max over i of (issue_i +
+    gpu[i] + ... + gpu[n-1]), so it idles max(0, max_i (host[0..i] - gpu[0..i-1]))."""
+    idle = issued = ran = 0.0
+    for h, g in zip(host, gpu, strict=True):
+        issued += h
+        idle = max(idle, issued - ran)
+        ran += g
+    return idle
+
+
 def host_stall_s(
     ops: tuple[Op, ...],
     gpu_times: tuple[float, ...],
@@ -83,17 +97,21 @@ def host_stall_s(
     exposed_comm_s: float = 0.0,
     dispatch_comm_s: float = 0.0,
 ) -> float:
-    """Time the GPU waits for the host in one phase of `ops`: per segment between host synchronisations
-    (forward only), max(0, host time - GPU time). Exposed communication is GPU time too: the MoE
-    dispatch (`dispatch_comm_s`, part of `exposed_comm_s`) of the segment after the last sync, the rest
-    of the first segment."""
+    """Time the GPU waits for the host in one phase of `ops` (one layer). Exposed communication counts
+    as GPU time: the MoE dispatch (`dispatch_comm_s`, part of `exposed_comm_s`) right after the
+    dispatcher's sync, the rest at the layer's start. With no sync (backward, graphed MoE layers, dense
+    layers) the host runs ahead across layers: max(0, host - GPU). With syncs, each stretch from one sync
+    to the next (wrapping into the next layer, taken to be this one) starts with an empty GPU queue."""
     host = [op_host_s(op, backward, plan) for op in ops]
-    cuts = [0]
-    if not backward and syncs(plan):
-        cuts += [i for i, op in enumerate(ops) if op.host_sync and i > 0]
-    cuts.append(len(ops))
-    segments = list(pairwise(cuts))
-    comm = [0.0] * len(segments)
-    comm[0] += exposed_comm_s - dispatch_comm_s
-    comm[-1] += dispatch_comm_s
-    return sum(max(0.0, sum(host[a:b]) - sum(gpu_times[a:b]) - c) for (a, b), c in zip(segments, comm, strict=True))
+    cuts = [i for i, op in enumerate(ops) if op.host_sync and i > 0] if not backward and syncs(plan) else []
+    if not cuts:
+        return max(0.0, sum(host) - sum(gpu_times) - exposed_comm_s)
+    gpu = list(gpu_times)
+    gpu[0] += exposed_comm_s - dispatch_comm_s
+    n = len(ops)
+
+    def stretch(a: int, b: int) -> float:
+        first = dispatch_comm_s if a == cuts[0] else 0.0  # issued as soon as the host resumes
+        return queue_idle_s([0.0] + [host[i % n] for i in range(a, b)], [first] + [gpu[i % n] for i in range(a, b)])
+
+    return sum(stretch(a, b) for a, b in pairwise([*cuts, cuts[0] + n]))
