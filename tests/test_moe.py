@@ -506,3 +506,21 @@ def test_megatron_recompute_modules_drop_what_they_rebuild():
         make_plan(m, cluster, recompute_modules="attn", **kw)
     with pytest.raises(ShardscopeError, match="needs --recompute selective"):
         make_plan(m, cluster, recompute_modules="moe_act", **(kw | {"recompute": "none"}))
+
+
+def test_sliding_window_attention_runs_at_the_window_loop_efficiency():
+    """A window of 128 keys bounds each query block's loop, so the kernel runs at the efficiency of a
+    128-key loop: per FLOP, GPT-OSS's window layers cost what full attention over 128 tokens costs, and
+    several times what its full layers cost at 4096."""
+    from shardscope.costs.compute import op_time_s
+    from shardscope.costs.efficiency import attention_fraction
+
+    m, plan, g = _graph("gpt-oss-120b", gpus=8, ep=8)
+    gpu = make_cluster("H100", 8).gpu
+    attn = {kind.attention: next(op for op in u.ops if op.kind == "attention") for kind, u in g.layers.items()}
+    window, full = attn["window"], attn["full"]
+    assert window.kv_span == m.attention_window == 128 and full.kv_span == 0
+    per_flop = {k: op_time_s(gpu, op, False, plan) / op.flops for k, op in attn.items()}
+    ratio = attention_fraction(gpu, "auto", plan.seq_len, False, 64) / attention_fraction(gpu, "auto", 128, False, 64)
+    assert per_flop["window"] / per_flop["full"] == pytest.approx(ratio, rel=0.05)
+    assert ratio > 3

@@ -78,8 +78,9 @@ def op_time_s(gpu: GPU, op: Op, backward: bool, plan: Plan) -> float:
         return gemm_time_s(gpu, mg, k, n, precision, g) + gemm_time_s(gpu, k, n, mg, precision, g) + gaps
     if op.kind == "attention":
         flops = op.bwd_flops if backward else op.flops
-        # the kernel tiles this rank's queries: a CP rank holds seq_len / cp of them
-        frac = attention_fraction(gpu, plan.attention_kernel, plan.seq_len // plan.cp, backward, op.head_dim)
+        # each query block loops over this rank's seq_len / cp keys, or over the window or chunk that bounds it
+        span = op.kv_span or plan.seq_len // plan.cp
+        frac = attention_fraction(gpu, plan.attention_kernel, span, backward, op.head_dim)
         # Flash attention's compute runs at the BF16 rate even under FP8 GEMM recipes.
         io = memory_time_s(gpu, op.bwd_bytes if backward else op.bytes)
         return max(flops / (gpu.bf16_tflops * 1e12 * frac), io) + gaps

@@ -45,9 +45,10 @@ ATTENTION_FRACTION: dict[tuple[str, str], tuple[float, float]] = {
 # outside [64, 256]; applied to fa3-class kernels, forward and backward.
 FA3_HEAD_DIM_SCALE = ((64, 497 / 648), (128, 1.0), (256, 740 / 648))
 DEFAULT_ATTENTION_KERNEL = {"ampere": "fa2", "hopper": "fa3", "blackwell": "fa3", "cdna3": "fa2"}
-# Flash attention parallelises over (batch x heads x query blocks); short sequences leave the GPU
-# partly idle. Throughput vs sequence length in FA2/FA3 figures follows s/(s + S0) with S0 ≈ 512,
-# normalised to the 16k-sequence figures above.
+# Flash attention's thread blocks each loop over the keys of one query block; a short loop spends more
+# of its time in the prologue and epilogue. The FA2/FA3 figures hold batch x sequence at 16k tokens, so
+# their throughput vs sequence length is this loop length alone: s/(s + S0) with S0 ≈ 512, normalised to
+# the 16k-sequence figures above. A sliding window or chunk bounds the loop at its size.
 ATTENTION_S0 = 512
 ATTENTION_S_REF = 16384
 

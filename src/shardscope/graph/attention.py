@@ -40,7 +40,9 @@ def _core_attention(model: ModelSpec, plan: Plan, kind: LayerKind, nh: int, qk_h
     keys = model.keys_per_query(kind, s, causal=plan.causal_block_skip and plan.causal)
     flops = 2.0 * plan.micro_batch * nh * (qk_hd + v_hd) * s * keys / plan.cp
     io = BF16 * t * nh * (2 * qk_hd + 2 * v_hd)
-    op = flash_attention("attention", flops, io, head_dim=(qk_hd + v_hd) / 2)
+    w = model.attention_window
+    span = w if kind.attention in ("window", "chunk") and w and w < s else 0
+    op = flash_attention("attention", flops, io, head_dim=(qk_hd + v_hd) / 2, kv_span=span)
     return [op], [Saved("attention logsumexp", FP32 * t * nh, NOT_FULL)]
 
 

@@ -102,10 +102,20 @@ def residual(name: str, model: ModelSpec, tokens: float) -> Op:
     return Op(name, "memory", bytes=3 * size, bwd_bytes=3 * size, cheap=True)
 
 
-def flash_attention(name: str, flops: float, io: float, head_dim: float) -> Op:
+def flash_attention(name: str, flops: float, io: float, head_dim: float, kv_span: int = 0) -> Op:
     """A flash-attention kernel: `flops` forward over the keys each query sees, `io` bytes of Q, K, V and
-    output; backward does 2.5x the FLOPs (5 matmuls vs 2, Dao 2023) and moves twice the bytes."""
-    return Op(name, "attention", flops=flops, bytes=io, bwd_flops=2.5 * flops, bwd_bytes=2 * io, head_dim=head_dim)
+    output; backward does 2.5x the FLOPs (5 matmuls vs 2, Dao 2023) and moves twice the bytes. `kv_span`:
+    the keys a query's loop covers where a sliding window or chunk bounds it."""
+    return Op(
+        name,
+        "attention",
+        flops=flops,
+        bytes=io,
+        bwd_flops=2.5 * flops,
+        bwd_bytes=2 * io,
+        head_dim=head_dim,
+        kv_span=kv_span,
+    )
 
 
 def gemm(name: str, m: float, n: int, k: int, fp8: bool = False, groups: int = 1, te_module: bool = True) -> Op:

@@ -45,6 +45,7 @@ class Op:
     bwd_launches: int | None = None  # backward's kernels where they differ from forward's
     te_module: bool = True  # a GEMM issued through a Transformer Engine module, not plain PyTorch
     head_dim: float = 128  # attention: the mean of the query-key and value head dimensions
+    kv_span: int = 0  # attention: keys a query's kernel loop covers when a window or chunk bounds it (0: all)
 
 
 @dataclass(frozen=True, slots=True)
