@@ -76,3 +76,56 @@ def test_hybridep_across_nodes_needs_the_group_limit():
     for ep in (32, 64):
         assert predicted_us("H100", "hierarchical", "dispatch", ep) == pytest.approx(measured[ep], rel=0.10)
         assert predicted_us("H100", "hierarchical", "dispatch", ep, unlimited) > 1.15 * measured[ep]
+
+
+# DeepEP `hybrid-ep` branch, docs/README_Hybrid-EP.md ("Performance Results", kernel-only columns):
+# HybridEP's own benchmark (tests/test_hybrid_ep.py), 4096 tokens of hidden 7168 per rank, top-8 of
+# 8 local experts per rank under uniform random routing, BF16, 16 SMs (Megatron-Core's default
+# `moe_hybridep_num_sms`). GB/s over the benchmark's byte count: on H100 across nodes the tokens each
+# rank sends to every node its experts live on, its own node included (`count_rdma_send_from_routing_map`);
+# within an NVLink domain the tokens each rank receives (`dispatched_hidden`).
+HYBRIDEP_KERNEL_GBPS = {  # (gpu, ranks): (dispatch, combine)
+    ("H100", 16): (71.71, 62.95),
+    ("H100", 32): (57.69, 57.46),
+    ("H100", 64): (49.97, 49.77),
+    ("B200", 8): (734.95, 673.84),
+    ("GB200", 8): (750.15, 684.27),
+    ("GB200", 16): (661.93, 600.75),
+    ("GB200", 24): (637.80, 565.53),
+    ("GB200", 32): (629.79, 547.25),
+    ("GB200", 36): (612.85, 543.27),
+}
+
+
+def _hybridep_errors() -> dict[tuple[str, int, str], float]:
+    from shardscope.costs.comm import place_group
+    from shardscope.costs.routing import bin_hit_probability
+    from shardscope.graph.ops import TokenFanout
+
+    tokens, hidden, top_k, local = 4096, 7168, 8, 8
+    errors = {}
+    for (gpu, ranks), gbps in HYBRIDEP_KERNEL_GBPS.items():
+        cluster = make_cluster(gpu, max(ranks, 8))
+        fanout = TokenFanout(local * ranks, top_k)
+        group = place_group(cluster, ranks, 1)
+        token_bytes = 2 * hidden
+        if group.intra:
+            counted = ranks * bin_hit_probability(fanout, ranks) * tokens * token_bytes
+        else:
+            nodes = group.domains
+            counted = nodes * bin_hit_probability(fanout, nodes) * tokens * token_bytes
+        predicted = collective_time_s(cluster, "all_to_all", tokens * top_k * token_bytes, group, fanout)
+        for step, rate in zip(("dispatch", "combine"), gbps, strict=True):
+            errors[(gpu, ranks, step)] = predicted / (counted / (rate * 1e9)) - 1
+    return errors
+
+
+def test_hierarchical_dispatch_against_hybridep_kernel_benchmarks():
+    """HybridEP's kernel-only times are longer than the model's: by 3-4% across 4 and 8 H100 nodes, by
+    20-30% across 2 (where the NVLink fan-out is as long as the InfiniBand transfer) and by 8-26% inside
+    NVLink domains (its 16 SMs reach 60-70% of NVLink; Table 7 above, at Megatron's settings, matches
+    80%). The model is never slower than the kernels, within 32% of all 18 and 16% on average."""
+    errors = _hybridep_errors()
+    assert all(-0.32 < e < 0.0 for e in errors.values()), errors
+    assert sum(abs(e) for e in errors.values()) / len(errors) < 0.17
+    assert max(abs(errors[("H100", n, s)]) for n in (32, 64) for s in ("dispatch", "combine")) < 0.05
