@@ -24,6 +24,7 @@ from shardscope.costs.memory import (
     buffer_bytes,
     dense_params_local,
     expert_params_local,
+    layers_saved_bytes,
     rank_params_local,
     rank_state_bytes,
 )
@@ -360,16 +361,12 @@ def stage_cost(sc: StepCosts, model: ModelSpec, plan: Plan, rank: int) -> Stage:
         st.host_stall += fwd.host_stall_s + bwd.host_stall_s
     st.exposed += 2 * plan.vpp * sc.p2p_s  # activations / gradients to and from the neighbouring stages
     if plan.offload_activations:  # copies to the host under forward and back under backward
-        moved = plan.offload_activations * _saved_per_microbatch(sc, model, plan, layers)
+        saved = layers_saved_bytes(model, plan, sc.graph, layers, plan.recomputed_layers(len(layers)))
+        moved = plan.offload_activations * saved
         copy = link_time_s(sc.cluster, moved)
         st.exposed += max(0.0, copy - st.fwd) + max(0.0, copy - st.bwd)
     st.compute += st.hidden * sc.slowdown
     return st
-
-
-def _saved_per_microbatch(sc: StepCosts, model: ModelSpec, plan: Plan, layers: tuple[int, ...]) -> float:
-    policy = plan.recompute, plan.recompute_modules
-    return sum(n * sc.graph.layers[k].saved_bytes(*policy) for k, n in model.kind_counts(layers).items())
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from shardscope.analytic.step import (
     stage_cost,
     step_costs,
 )
+from shardscope.costs.compute import group_times_s
 from shardscope.costs.memory import layers_saved_bytes, mtp_saved_bytes
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
@@ -115,6 +116,16 @@ def _layout(name: str, plan: Plan, layers: int) -> tuple[Layout, list[tuple[int,
     )
 
 
+def _forward_backward_s(st: Stage, slowdown: float) -> tuple[float, float]:
+    """A stage cost's forward and backward time: each its compute and exposed communication, and the
+    slowdown of its hidden communication split by their compute shares."""
+    slow = st.hidden * slowdown
+    share = st.fwd / (st.compute or 1.0)
+    fwd = st.fwd + st.fwd_exposed + share * slow
+    bwd = st.compute - st.fwd + (st.exposed - st.fwd_exposed) + (1 - share) * slow
+    return fwd, bwd
+
+
 def _chunk_cost(
     sc: StepCosts,
     model: ModelSpec,
@@ -129,20 +140,12 @@ def _chunk_cost(
     recomputed = sum(1 for i in layers if i in rank_layers[:n_rec]) if plan.recompute == "full" else len(layers)
     # layers_cost counts the first `recomputed` of the given layers as recomputed
     st: Stage = layers_cost(sc, model, plan, layers, recomputed)
-    fwd = st.fwd + st.fwd_exposed
-    bwd = st.compute - st.fwd + (st.exposed - st.fwd_exposed)
-    slow = st.hidden * sc.slowdown
-    total = st.compute or 1.0
-    fwd += slow * st.fwd / total
-    bwd += slow * (1 - st.fwd / total)
+    fwd, bwd = _forward_backward_s(st, sc.slowdown)
     if first:
         fwd += sc.embed_fwd.compute_s + sc.embed_fwd.exposed_s + st.first_gather
         bwd += sc.embed_bwd.compute_s + sc.embed_bwd.exposed_s
     if last:
-        mtp = mtp_cost(sc, model, plan)
-        share = mtp.fwd / (mtp.compute or 1.0)
-        mtp_fwd = mtp.fwd + mtp.fwd_exposed + share * mtp.hidden * sc.slowdown
-        mtp_bwd = mtp.compute - mtp.fwd + mtp.exposed - mtp.fwd_exposed + (1 - share) * mtp.hidden * sc.slowdown
+        mtp_fwd, mtp_bwd = _forward_backward_s(mtp_cost(sc, model, plan), sc.slowdown)
         fwd += sc.head_fwd.compute_s + sc.head_fwd.exposed_s + mtp_fwd
         bwd += sc.head_bwd.compute_s + sc.head_bwd.exposed_s + mtp_bwd
     wgrad = st.wgrad if split_w else 0.0
@@ -304,16 +307,11 @@ def simulate_step(
 def _layer_detail(model: ModelSpec, cluster: Cluster, plan: Plan, sc: StepCosts) -> dict[int, LayerDetail]:
     """Per-layer times and the share of each layer's compute in its attention half (the ops before
     the MLP norm), for drawing layers as "attn" and "mlp" slices."""
-    from shardscope.costs.compute import op_time_s
-
     per_kind = {}
     for kind, group in sc.graph.layers.items():
-        shares = []
-        for backward in (False, True):
-            times = [op_time_s(cluster.gpu, op, backward, plan) for op in group.ops]
-            names = [op.name for op in group.ops]
-            cut = names.index("mlp norm") if "mlp norm" in names else len(names)
-            shares.append(sum(times[:cut]) / (sum(times) or 1.0))
+        names = [op.name for op in group.ops]
+        cut = names.index("mlp norm") if "mlp norm" in names else len(names)
+        shares = [sum(times[:cut]) / (sum(times) or 1.0) for times in group_times_s(cluster.gpu, group, plan)]
         c = sc.layers[kind]
         rec = c.recompute_s if plan.recompute != "none" else 0.0
         per_kind[kind] = LayerDetail(
