@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from shardscope.analytic.step import estimate_step, step_costs
 from shardscope.costs.comm import collective_time_s
-from shardscope.costs.compute import op_time_s
+from shardscope.costs.compute import group_times_s
 from shardscope.costs.memory import GIB, inflight_chunks
 from shardscope.errors import ShardscopeError
 from shardscope.graph.common import BF16
@@ -85,7 +85,7 @@ def sac_items(model: ModelSpec, cluster: Cluster, plan: Plan) -> list[Item]:
     group = sc.graph.layers[kind]
     inflight = inflight_chunks(plan, 0) * (1 if plan.pp == 1 else len(layers) / plan.vpp) / max(len(layers), 1)
     saved = {s.name: s.bytes for s in group.saved}
-    times = {op.name: op_time_s(cluster.gpu, op, False, plan) for op in group.ops}
+    times = {op.name: t for op, t in zip(group.ops, group_times_s(cluster.gpu, group, plan)[0], strict=True)}
     items = []
     for name, (tensors, ops) in SAC_MODULES.items():
         nbytes = sum(saved.get(t, 0.0) for t in tensors)
