@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardscope
-from shardscope.costs.routing import bin_hit_probability, expert_popularity, routing_load
+from shardscope.costs.routing import (
+    bin_hit_probability,
+    expected_max_normal,
+    expert_popularity,
+    routing_load,
+    sampling_excess,
+)
 from shardscope.graph.build import build_stage_graph
 from shardscope.graph.ops import TokenFanout
 from shardscope.hardware.catalog import make_cluster
@@ -122,10 +128,12 @@ def test_expert_bias_traffic_matches_pytorch():
     eager ATen ops read and write, forward and backward, at full size under FakeTensorMode."""
     model = load_model("gpt-oss-120b")
     plan = make_plan(model, make_cluster("B200", 64), ep=8, global_batch=64, micro_batch=1, seq_len=4096)
-    layer = next(g for k, g in build_stage_graph(model, plan).layers.items() if k.mlp == "moe")
+    graph = build_stage_graph(model, plan)
+    layer = next(g for k, g in graph.layers.items() if k.mlp == "moe")
     bias_op = next(op for op in layer.ops if op.name == "experts down proj bias (fp32)")
     experts, h = model.moe.experts // plan.ep, model.hidden
-    rows = plan.seq_len * model.moe.top_k // experts  # balanced routing: rows per local expert
+    rows = plan.seq_len * model.moe.top_k // experts  # rows per local expert at the mean load
+    load = graph.routing.hot_rank_factor  # the busiest rank's rows / the mean
     with FakeTensorMode():
         out = torch.empty(experts * rows, h, dtype=torch.bfloat16, requires_grad=True)
         biases = [torch.empty(h, dtype=torch.bfloat16, requires_grad=True) for _ in range(experts)]
@@ -136,8 +144,8 @@ def test_expert_bias_traffic_matches_pytorch():
         grad = torch.empty_like(y)
         with AtenBytes() as bwd:
             y.backward(grad)
-    assert bias_op.bytes == pytest.approx(fwd.total, rel=0.01)
-    assert bias_op.bwd_bytes == pytest.approx(bwd.total, rel=0.01)
+    assert bias_op.bytes == pytest.approx(load * fwd.total, rel=0.01)
+    assert bias_op.bwd_bytes == pytest.approx(load * bwd.total, rel=0.01)
 
 
 def test_gpt_oss_glu_clamp_matches_pytorch():
@@ -148,10 +156,12 @@ def test_gpt_oss_glu_clamp_matches_pytorch():
     model = load_model("gpt-oss-120b")
     assert model.glu_clamp == 7.0
     plan = make_plan(model, make_cluster("B200", 64), ep=8, global_batch=64, micro_batch=1, seq_len=4096)
-    layer = next(g for k, g in build_stage_graph(model, plan).layers.items() if k.mlp == "moe")
+    graph = build_stage_graph(model, plan)
+    layer = next(g for k, g in graph.layers.items() if k.mlp == "moe")
     clamp = next(op for op in layer.ops if op.name == "experts gate, up clamp")
     clamped = next(s for s in layer.saved if s.name == "experts clamped gate, up")
-    rows = plan.seq_len * model.moe.top_k  # token-expert pairs this rank computes, balanced routing
+    rows = plan.seq_len * model.moe.top_k  # token-expert pairs a rank computes at the mean load
+    load = graph.routing.hot_rank_factor  # the busiest rank's pairs / the mean
     ffn = model.moe.expert_ffn
     with FakeTensorMode():
         y = torch.empty(rows, 2 * ffn, dtype=torch.bfloat16, requires_grad=True)
@@ -161,10 +171,10 @@ def test_gpt_oss_glu_clamp_matches_pytorch():
         grad = torch.empty_like(out)
         with AtenBytes() as bwd:
             out.backward(grad)
-    assert clamp.bytes == pytest.approx(fwd.total, rel=1e-6)
-    assert clamp.bwd_bytes == pytest.approx(bwd.total, rel=1e-6)
+    assert clamp.bytes == pytest.approx(load * fwd.total, rel=1e-6)
+    assert clamp.bwd_bytes == pytest.approx(load * bwd.total, rel=1e-6)
     assert (clamp.launches, clamp.bwd_launches) == (3, 7)
-    assert clamped.bytes == out.numel() * out.element_size()
+    assert clamped.bytes == pytest.approx(load * out.numel() * out.element_size(), rel=1e-9)
     qwen = load_model("qwen3-30b-a3b")
     graph = build_stage_graph(qwen, make_plan(qwen, make_cluster("B200", 8), ep=8, global_batch=8))
     assert qwen.glu_clamp == 0 and not any("clamp" in op.name for g in graph.layers.values() for op in g.ops)
@@ -177,18 +187,21 @@ def test_all_to_all_dispatcher_sorts_chunks_by_local_expert():
     dispatchers that permute on arrival (DeepEP/HybridEP), a single local expert and no EP do not sort."""
     model = load_model("qwen3-30b-a3b")
     plan = make_plan(model, make_cluster("H100", 8), ep=8, global_batch=8, seq_len=4096, ep_dispatch="flat")
-    layer = next(g for k, g in build_stage_graph(model, plan).layers.items() if k.mlp == "moe")
+    graph = build_stage_graph(model, plan)
+    layer = next(g for k, g in graph.layers.items() if k.mlp == "moe")
     ops = {op.name: op for op in layer.ops}
-    local, rows = model.moe.experts // plan.ep, plan.seq_len * model.moe.top_k
+    local, rows = model.moe.experts // plan.ep, plan.seq_len * model.moe.top_k  # at the mean load
+    load = graph.routing.hot_rank_factor
     with FakeTensorMode():
         received = torch.empty(rows, model.hidden, dtype=torch.bfloat16)
         chunks = torch.split(received, rows // (plan.ep * local))  # one chunk per (source rank, expert)
         order = [r * local + e for e in range(local) for r in range(plan.ep)]
         with AtenBytes() as moved:
             torch.cat([chunks[i] for i in order])
-    assert ops["sort chunks by expert"].bwd_bytes == moved.total
-    assert ops["unsort chunks"].bytes == ops["unsort chunks"].bwd_bytes == moved.total
-    assert ops["sort chunks by expert"].bytes == moved.total + 2 * 4 * rows  # and the fp32 weights
+    assert ops["sort chunks by expert"].bwd_bytes == pytest.approx(load * moved.total, rel=1e-9)
+    assert ops["unsort chunks"].bytes == ops["unsort chunks"].bwd_bytes == pytest.approx(load * moved.total, rel=1e-9)
+    # and the fp32 weights
+    assert ops["sort chunks by expert"].bytes == pytest.approx(load * (moved.total + 2 * 4 * rows), rel=1e-9)
     one_per_rank = dataclasses.replace(model, moe=dataclasses.replace(model.moe, experts=8))
     for m, kw in ((model, dict(ep_dispatch="hierarchical")), (model, dict(ep=1)), (one_per_rank, {})):
         other = make_plan(m, make_cluster("H100", 8), **(dict(ep=8, global_batch=8, ep_dispatch="flat") | kw))
@@ -237,11 +250,17 @@ def test_keys_per_query_brute_force(kind, window, s):
 
 
 def test_all_to_all_volume_for_balanced_routing():
-    m, plan, g = _graph("qwen3-30b-a3b", gpus=8, ep=8)
-    layer = g.layers[LayerKind("full", "moe")]
-    dispatch = [c for c in layer.comms if c.name == "ep dispatch all-to-all"]
-    tokens = plan.micro_batch * plan.seq_len  # tp = cp = 1
-    assert {c.bytes for c in dispatch} == {tokens * m.moe.top_k * m.hidden * 2}
+    """Flat dispatch sends every token-expert pair's bf16 row; the busiest rank receives the mean times
+    its load factor (`costs.routing`); with a capacity cap there is no sampling excess and the volume is
+    exactly the mean."""
+    for kw, load in ((dict(), None), (dict(capacity_factor=1.0), 1.0)):
+        m, plan, g = _graph("qwen3-30b-a3b", gpus=8, ep=8, **kw)
+        layer = g.layers[LayerKind("full", "moe")]
+        dispatch = [c for c in layer.comms if c.name == "ep dispatch all-to-all"]
+        tokens = plan.micro_batch * plan.seq_len  # tp = cp = 1
+        load = load or g.routing.hot_rank_factor
+        assert len(dispatch) == 2
+        assert all(c.bytes == pytest.approx(load * tokens * m.moe.top_k * m.hidden * 2, rel=1e-12) for c in dispatch)
 
 
 def _brute_bin_hit(experts: int, k: int, groups: int, per_token: int, bins: int) -> float:
@@ -290,10 +309,31 @@ def test_routing_skew_and_capacity():
     balanced = routing_load(m, make_plan(m, c, **base))
     skewed = routing_load(m, make_plan(m, c, moe_skew=1.0, **base))
     capped = routing_load(m, make_plan(m, c, moe_skew=1.0, capacity_factor=1.25, **base))
-    assert balanced.hot_rank_factor == pytest.approx(1.0) and balanced.dropped_fraction == 0
+    # balanced on average: 4096 tokens a rank at top-8 of 128 leave the busiest of 64 ranks ~1.2% over
+    excess = sampling_excess(128, 8, 2, 64, 64 * 4096)
+    assert balanced.hot_rank_factor == pytest.approx(1 + excess) and 0.01 < excess < 0.015
+    assert balanced.dropped_fraction == 0
     assert skewed.hot_rank_factor > 1.5
     assert 1.0 < capped.hot_rank_factor < skewed.hot_rank_factor and capped.dropped_fraction > 0
     assert sum(expert_popularity(128, 1.0)) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("experts", "top_k", "ep", "tokens"), [(64, 6, 16, 1024), (128, 8, 8, 1024), (32, 4, 4, 512), (16, 2, 2, 512)]
+)
+def test_forced_balance_busiest_rank_matches_random_logit_routing(experts, top_k, ep, tokens):
+    """Megatron-Core's force-balanced benchmarks route on random normal logits (`RandomSTE`): the busiest
+    EP rank's load over the mean, averaged over draws of exactly that routing (normal logits, top-k,
+    counts per rank), matches 1 + σ·E[max of ep normals]/sqrt(1 − 1/ep) within 15% of the excess."""
+    gen = torch.Generator().manual_seed(0)
+    per_rank, excess = experts // ep, []
+    for _ in range(200):
+        picked = torch.randn(ep * tokens, experts, generator=gen).topk(top_k, dim=1).indices
+        load = torch.bincount(picked.flatten(), minlength=experts).view(ep, per_rank).sum(1).double()
+        excess.append((load.max() / load.mean()).item() - 1)
+    measured = sum(excess) / len(excess)
+    assert sampling_excess(experts, top_k, per_rank, ep, ep * tokens) == pytest.approx(measured, rel=0.15)
+    assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-6)  # E[max of 2] = 1/√π
 
 
 def test_skew_slows_the_step():
@@ -492,10 +532,11 @@ def test_megatron_recompute_modules_drop_what_they_rebuild():
     t, nh, a = 4096, m.heads, m.mla
     none = g.saved_bytes("none")
     qkv = 2 * t * nh * (2 * a.qk_head_dim + a.v_head_dim)
-    assert none - g.saved_bytes("selective", ("mla_up_proj",)) == qkv
-    assert none - g.saved_bytes("selective", ("layernorm",)) == 2 * 2 * t * m.hidden
-    act = 2 * t * m.moe.top_k * m.moe.expert_ffn * (1 + 1)  # silu(gate) and swiglu out, bf16
-    assert none - g.saved_bytes("selective", ("moe_act",)) == act
+    assert none - g.saved_bytes("selective", ("mla_up_proj",)) == pytest.approx(qkv, rel=1e-12)
+    assert none - g.saved_bytes("selective", ("layernorm",)) == pytest.approx(2 * 2 * t * m.hidden, rel=1e-12)
+    load = build_stage_graph(m, make_plan(m, cluster, **kw), "blackwell").routing.hot_rank_factor
+    act = 2 * t * m.moe.top_k * m.moe.expert_ffn * (1 + 1)  # silu(gate) and swiglu out, bf16, at the mean
+    assert none - g.saved_bytes("selective", ("moe_act",)) == pytest.approx(load * act, rel=1e-12)
     assert g.saved_bytes("selective", ("moe",)) < g.saved_bytes("selective", ("moe_act",))
     # recompute time: the re-run modules' forward, less than a full-layer recompute
     lite = step_costs(m, cluster, make_plan(m, cluster, recompute_modules="mla_up_proj", **kw))

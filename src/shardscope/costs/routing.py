@@ -6,6 +6,16 @@ p_e ∝ 1/r^α over experts placed on ranks in a seeded random order (contiguous
 rank, as Megatron places them); `moe_imbalance` sets the hottest rank's factor directly. A capacity
 factor c caps each expert at c·(mean tokens per expert) and drops the rest (Fedus et al. 2021, Switch
 Transformer §2.2); 0 means dropless.
+
+Even balanced routing is balanced only on average: each micro-batch's tokens draw their experts anew,
+so the ranks' loads scatter around the mean and the busiest rank of each layer sets its time (the
+combine waits for it). Megatron-Core forces balance by routing on random normal logits (`RandomSTE`,
+core_v0.16 `moe_utils.py`, seeded per EP rank): every token picks k distinct experts uniformly at
+random. A rank holding n of E experts then gets a hypergeometric count per token, mean k·n/E and variance
+k·(n/E)(1 − n/E)(E − k)/(E − 1); over the T tokens the EP group routes, its load has relative standard
+deviation σ = sqrt(var / (T·mean²)). The ranks' loads sum to T·k, so they are the deviations of ep iid
+normals of σ/sqrt(1 − 1/ep) from their mean, and the busiest is 1 + σ·E[max of ep standard
+normals]/sqrt(1 − 1/ep) times the mean (dropless routing; a capacity cap bounds it instead).
 """
 
 from __future__ import annotations
@@ -37,6 +47,33 @@ def expert_popularity(experts: int, skew: float, seed: int = 0) -> list[float]:
     return [w / total for w in weights]
 
 
+@lru_cache(maxsize=256)
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normals]: ∫ x·n·φ(x)·Φ(x)^(n−1) dx, by the midpoint rule."""
+    if n <= 1:
+        return 0.0
+    steps, lo, hi = 4000, -10.0, 10.0
+    dx = (hi - lo) / steps
+    total = 0.0
+    for i in range(steps):
+        x = lo + (i + 0.5) * dx
+        total += (
+            x * n * math.exp(-x * x / 2) / math.sqrt(2 * math.pi) * (0.5 * (1 + math.erf(x / math.sqrt(2)))) ** (n - 1)
+        )
+    return total * dx
+
+
+def sampling_excess(experts: int, top_k: int, per_rank: int, ep: int, tokens: float) -> float:
+    """Expected relative excess of the busiest of `ep` ranks (each holding `per_rank` of `experts`) over
+    the mean load when `tokens` tokens each pick `top_k` distinct experts uniformly (module docstring)."""
+    if ep <= 1 or tokens <= 0 or top_k >= experts:
+        return 0.0
+    p = per_rank / experts
+    mean = top_k * p
+    var = top_k * p * (1 - p) * (experts - top_k) / (experts - 1)
+    return math.sqrt(var / (tokens * mean * mean) / (1 - 1 / ep)) * expected_max_normal(ep)
+
+
 def routing_load(model: ModelSpec, plan: Plan) -> RoutingLoad:
     if model.moe is None:
         return RoutingLoad(1.0, 0.0)
@@ -51,6 +88,9 @@ def routing_load(model: ModelSpec, plan: Plan) -> RoutingLoad:
     per_rank = experts // ep
     rank_share = [sum(kept[r * per_rank : (r + 1) * per_rank]) for r in range(ep)]
     hot = max(rank_share) * ep
+    if plan.capacity_factor == 0:
+        routed = plan.micro_batch * plan.seq_len / (plan.cp * plan.tp) * ep  # tokens the EP group routes
+        hot *= 1 + sampling_excess(experts, model.moe.top_k, per_rank, ep, routed)
     return RoutingLoad(hot * plan.moe_imbalance, dropped)
 
 
