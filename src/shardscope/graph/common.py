@@ -90,10 +90,12 @@ def scoped(ops: Iterable[Op], scope: str) -> list[Op]:
 
 
 def norm(name: str, model: ModelSpec, tokens: float, width: int | None = None) -> tuple[Op, Saved]:
-    """A fused RMSNorm/LayerNorm: reads and writes the activation; saves fp32 statistics."""
+    """A fused RMSNorm/LayerNorm: reads and writes the activation; saves fp32 statistics. Backward is two
+    kernels, the input gradient with per-block weight-gradient partials and their reduction
+    (Transformer Engine `rmsnorm_bwd_finalize_*_kernel` / `ln_bwd_finalize_*_kernel`)."""
     w = width or model.hidden
     stats = FP32 * (2 if model.norm == "layernorm" else 1)
-    op = Op(name, "memory", bytes=2 * BF16 * tokens * w, bwd_bytes=3 * BF16 * tokens * w, cheap=True)
+    op = Op(name, "memory", bytes=2 * BF16 * tokens * w, bwd_bytes=3 * BF16 * tokens * w, cheap=True, bwd_launches=2)
     return op, Saved(f"{name} stats", stats * tokens, NONE_ONLY)
 
 

@@ -1,0 +1,111 @@
+"""The per-op cost models against kernels measured on real GPUs by their vendor.
+
+cuDNN frontend's training benchmarks (github.com/NVIDIA/cudnn-frontend, commit 3929da2, `benchmark/`):
+`sdpa_benchmark_training/results` times cuDNN's BF16 flash attention forward and (non-deterministic)
+backward on GB200 (cuDNN 9.22, 2026-04) and H200 (cuDNN 9.19, 2026-02) at the head shapes of Llama 3.1,
+DeepSeek-V3 (MLA: 192/128 head dims) and GPT-OSS (sliding window); `norms/results` times its RMSNorm
+forward and backward at the shapes of the same models (cuDNN 9.19). Times are the kernels' device time
+at boost clocks; the model prices attention at the GPU's sustained (power-capped) clock, so it is
+compared after scaling by `clock_ratio`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from shardscope.costs.compute import op_time_s
+from shardscope.costs.efficiency import clock_ratio
+from shardscope.graph.common import flash_attention, norm
+from shardscope.hardware.catalog import load_gpu
+from shardscope.models.catalog import load_model
+from shardscope.plan.plan import Plan
+
+# gpu, batch, seq, query heads, qk / vo head dims, causal, window, forward ms, backward ms
+SDPA = [
+    ("GB200", 2, 4096, 64, 128, 128, True, 0, 0.391, 1.198),  # Llama 3.1 GQA 64/8
+    ("GB200", 2, 16384, 64, 128, 128, True, 0, 5.150, 16.554),
+    ("GB200", 2, 4096, 64, 128, 128, False, 0, 0.687, 2.037),
+    ("GB200", 2, 16384, 64, 128, 128, False, 0, 10.369, 32.014),
+    ("GB200", 2, 4096, 128, 192, 128, True, 0, 0.977, 3.383),  # DeepSeek-V3 MLA
+    ("GB200", 2, 16384, 128, 192, 128, True, 0, 13.103, 50.424),
+    ("GB200", 2, 4096, 128, 192, 128, False, 0, 1.650, 6.085),
+    ("GB200", 2, 16384, 128, 192, 128, False, 0, 24.270, 105.115),
+    ("GB200", 2, 4096, 128, 64, 64, True, 128, 0.210, 0.465),  # GPT-OSS, 128-token window
+    ("GB200", 2, 16384, 128, 64, 64, True, 128, 0.822, 1.818),
+    ("H200", 1, 4096, 64, 128, 128, True, 0, 0.465, 1.450),  # Llama 3.1
+    ("H200", 1, 16384, 64, 128, 128, True, 0, 6.531, 19.002),
+    ("H200", 1, 4096, 64, 128, 128, False, 0, 0.819, 2.453),
+    ("H200", 1, 16384, 64, 128, 128, False, 0, 12.524, 35.947),
+    ("H200", 2, 4096, 64, 64, 64, True, 1024, 0.358, 1.042),  # GPT-OSS shape, 1024-token window
+    ("H200", 2, 16384, 64, 64, 64, True, 1024, 1.499, 4.392),
+]
+
+# gpu, rows, width, forward ms, backward ms (RMSNorm, bf16)
+RMSNORM = [
+    ("GB200", 16384, 4096, 0.042, 0.065),
+    ("GB200", 8192, 8192, 0.045, 0.077),
+    ("GB200", 4096, 16384, 0.044, 0.084),
+    ("GB200", 8192, 4096, 0.023, 0.036),
+    ("GB200", 4096, 2048, 0.007, 0.014),
+    ("H200", 16384, 4096, 0.072, 0.106),
+    ("H200", 8192, 8192, 0.071, 0.114),
+    ("H200", 4096, 16384, 0.070, 0.118),
+    ("H200", 8192, 4096, 0.035, 0.058),
+    ("H200", 4096, 2048, 0.010, 0.019),
+]
+
+
+def _attention_ratio(figure: tuple, backward: bool) -> float:
+    """Model time at boost clock / measured time of one SDPA figure, forward or backward."""
+    gpu_name, b, s, heads, dqk, dvo, causal, window, fwd_ms, bwd_ms = figure
+    gpu = load_gpu(gpu_name)
+    if window:
+        keys, span = (window * s - window * (window - 1) / 2) / s, window
+    else:
+        keys, span = ((s + 1) / 2 if causal else s), 0
+    flops = 2.0 * b * heads * (dqk + dvo) * s * keys
+    op = flash_attention("sdpa", flops, 2 * b * s * heads * 2 * (dqk + dvo), (dqk + dvo) / 2, span)
+    plan = Plan(seq_len=s, micro_batch=b, global_batch=b)
+    return op_time_s(gpu, op, backward, plan) * clock_ratio(gpu) * 1e3 / (bwd_ms if backward else fwd_ms)
+
+
+def _short_window_forward(figure: tuple, backward: bool) -> bool:
+    return figure[7] == 128 and not backward
+
+
+def test_attention_matches_cudnn_training_benchmarks():
+    """30 cuDNN kernel times (causal, full and windowed; head dims 64-192; Hopper and Blackwell) each
+    within 25% at boost clock and within 5% on average (geometric): the FA3-class fractions, the
+    key-loop length curve and the head-dim scale were set from the FlashAttention papers, not from these
+    figures. The 128-token window's forward is the exception (next test)."""
+    ratios = [_attention_ratio(f, bwd) for f in SDPA for bwd in (False, True) if not _short_window_forward(f, bwd)]
+    assert len(ratios) == 30
+    assert all(0.75 < r < 1.25 for r in ratios), [round(r, 2) for r in ratios]
+    geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    assert geomean == pytest.approx(1.0, abs=0.05)
+
+
+@pytest.mark.xfail(strict=True, reason="a 128-key loop's forward is priced 36% faster than cuDNN runs it")
+def test_short_window_forward_matches_cudnn():
+    """GPT-OSS's 128-token sliding window, forward, on GB200: the model's loop-length curve s/(s + 512)
+    prices the 2-tile key loop at 0.63-0.65 of cuDNN's measured time at boost clock (its backward, which
+    loops over query tiles per key tile, is within 7%). Kept as a known miss, not tuned away."""
+    ratios = [_attention_ratio(f, bwd) for f in SDPA for bwd in (False, True) if _short_window_forward(f, bwd)]
+    assert all(0.75 < r < 1.25 for r in ratios), [round(r, 2) for r in ratios]
+
+
+def test_streaming_ops_match_cudnn_rmsnorm():
+    """RMSNorm forward (read x, write y) and backward (read x and dy, write dx; two kernels) at 85% of HBM
+    bandwidth plus the per-kernel gap: within 25% of cuDNN's measured device time from 16 to 268 MB,
+    within 10% on average."""
+    model = load_model("llama3.1-8b")
+    ratios = []
+    for gpu_name, rows, width, fwd_ms, bwd_ms in RMSNORM:
+        gpu = load_gpu(gpu_name)
+        op, _ = norm("rmsnorm", model, rows, width)
+        plan = Plan(seq_len=rows, global_batch=1)
+        ratios += [op_time_s(gpu, op, False, plan) * 1e3 / fwd_ms, op_time_s(gpu, op, True, plan) * 1e3 / bwd_ms]
+    assert all(0.7 < r < 1.3 for r in ratios), [round(r, 2) for r in ratios]
+    assert sum(ratios) / len(ratios) == pytest.approx(1.0, abs=0.1)
