@@ -98,8 +98,9 @@ def test_short_window_forward_matches_cudnn():
 
 def test_streaming_ops_match_cudnn_rmsnorm():
     """RMSNorm forward (read x, write y) and backward (read x and dy, write dx; two kernels) at 85% of HBM
-    bandwidth plus the per-kernel gap: within 25% of cuDNN's measured device time from 16 to 268 MB,
-    within 10% on average."""
+    bandwidth plus the per-kernel gap: within 30% of cuDNN's measured device time from 16 to 268 MB
+    (forward 0.92-1.02, backward 0.75-0.97) and within 10% on average. The HBM fraction came from
+    BabelStream, not from these figures."""
     model = load_model("llama3.1-8b")
     ratios = []
     for gpu_name, rows, width, fwd_ms, bwd_ms in RMSNORM:
