@@ -57,9 +57,9 @@ def expected_max_normal(n: int) -> float:
     total = 0.0
     for i in range(steps):
         x = lo + (i + 0.5) * dx
-        total += (
-            x * n * math.exp(-x * x / 2) / math.sqrt(2 * math.pi) * (0.5 * (1 + math.erf(x / math.sqrt(2)))) ** (n - 1)
-        )
+        pdf = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+        cdf = 0.5 * (1 + math.erf(x / math.sqrt(2)))
+        total += x * n * pdf * cdf ** (n - 1)
     return total * dx
 
 
