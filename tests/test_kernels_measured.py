@@ -11,15 +11,18 @@ compared after scaling by `clock_ratio`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
 from shardscope.costs.compute import op_time_s
 from shardscope.costs.efficiency import clock_ratio
-from shardscope.graph.common import flash_attention, norm
+from shardscope.graph.attention import _core_attention
+from shardscope.graph.common import norm
 from shardscope.hardware.catalog import load_gpu
 from shardscope.models.catalog import load_model
+from shardscope.models.spec import LayerKind
 from shardscope.plan.plan import Plan
 
 # gpu, batch, seq, query heads, qk / vo head dims, causal, window, forward ms, backward ms
@@ -58,16 +61,14 @@ RMSNORM = [
 
 
 def _attention_ratio(figure: tuple, backward: bool) -> float:
-    """Model time at boost clock / measured time of one SDPA figure, forward or backward."""
+    """Model time at boost clock / measured time of one SDPA figure, forward or backward: the attention op
+    the layer graph builds for that head shape, mask and window."""
     gpu_name, b, s, heads, dqk, dvo, causal, window, fwd_ms, bwd_ms = figure
     gpu = load_gpu(gpu_name)
-    if window:
-        keys, span = (window * s - window * (window - 1) / 2) / s, window
-    else:
-        keys, span = ((s + 1) / 2 if causal else s), 0
-    flops = 2.0 * b * heads * (dqk + dvo) * s * keys
-    op = flash_attention("sdpa", flops, 2 * b * s * heads * 2 * (dqk + dvo), (dqk + dvo) / 2, span)
-    plan = Plan(seq_len=s, micro_batch=b, global_batch=b)
+    model = dataclasses.replace(load_model("gpt-oss-20b"), attention_window=window)
+    kind = LayerKind("window" if window else "full", "dense")
+    plan = Plan(seq_len=s, micro_batch=b, global_batch=b, causal=causal)
+    (op,), _ = _core_attention(model, plan, kind, heads, dqk, dvo)
     return op_time_s(gpu, op, backward, plan) * clock_ratio(gpu) * 1e3 / (bwd_ms if backward else fwd_ms)
 
 
