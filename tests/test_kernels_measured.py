@@ -63,6 +63,10 @@ RMSNORM = [
 ]
 
 
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
 def _attention_ratio(figure: tuple, backward: bool) -> float:
     """Model time at boost clock / measured time of one SDPA figure, forward or backward: the attention op
     the layer graph builds for that head shape, mask and window."""
@@ -87,8 +91,7 @@ def test_attention_matches_cudnn_training_benchmarks():
     ratios = [_attention_ratio(f, bwd) for f in SDPA for bwd in (False, True) if not _short_window_forward(f, bwd)]
     assert len(ratios) == 30
     assert all(0.75 < r < 1.25 for r in ratios), [round(r, 2) for r in ratios]
-    geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-    assert geomean == pytest.approx(1.0, abs=0.05)
+    assert _geomean(ratios) == pytest.approx(1.0, abs=0.05)
 
 
 @pytest.mark.xfail(strict=True, reason="a 128-key loop's forward is priced 36% faster than cuDNN runs it")
@@ -139,10 +142,6 @@ def _gemm_model_ms(row: dict[str, str]) -> float:
     quant_bytes, quant_kernels = GEMM_QUANT[row["dtype"]]
     seconds = 2.0 * m * n * k / rate + memory_time_s(gpu, quant_bytes * m * k) + (1 + quant_kernels) * KERNEL_GAP_S
     return seconds * 1e3
-
-
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def test_gemm_fractions_are_the_measured_tables_fit():
