@@ -47,7 +47,14 @@ from shardscope.hardware.catalog import Cluster, make_cluster
 from shardscope.models.spec import GPT_BLOCK, ModelSpec
 from shardscope.plan.plan import Plan, cuda_graph_scopes, make_plan
 
-MEGATRON_SOURCES = {"MBRIDGE_PERF", "NEMO_2407_PERF", "MCORE_MOE_REPORT", "MBRIDGE_MOE_AB"}
+MEGATRON_SOURCES = {
+    "MBRIDGE_PERF",
+    "NEMO_2407_PERF",
+    "MCORE_MOE_REPORT",
+    "MBRIDGE_MOE_AB",
+    "MBRIDGE_CARD",
+    "MBRIDGE_CG_AB",
+}
 # Megatron-Core runs of today (distributed optimizer, fused activations); Narayanan 2021 predates both
 MEGATRON_CORE_SOURCES = MEGATRON_SOURCES | {"WAN_DIT_PERF"}
 # llm-foundry's MPT takes `loss_fn: fused_crossentropy` by default (flash-attn's xentropy kernel;
@@ -274,6 +281,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             optimizer_moments=recipe.get("optimizer_moments", "fp32") if recipe else "fp32",
             main_grads=recipe.get("main_grads", "fp32") if recipe else "fp32",
             offload_optimizer=bool(recipe and recipe.get("offload_optimizer")),
+            overlap_grad_reduce=recipe.get("overlap_grad_reduce", True) if recipe else True,
             **_moe_settings(row, recipe),
             # Megatron-Bridge's DeepSeek-V3 recipe trains the MTP module unless the table says "w/o MTP".
             mtp=bool(case_model_mtp(row)),
