@@ -89,6 +89,7 @@ CATALOG_MODELS = {
     "qwen3_30b_a3b": "qwen3-30b-a3b",
     "qwen3_235b_a22b": "qwen3-235b-a22b",
     "gpt_oss_120b": "gpt-oss-120b",
+    "moonlight_16b_a3b": "moonlight-16b-a3b",
     "wan2.1_14b": "wan2.1-t2v-14b",
 }
 
