@@ -221,3 +221,25 @@ def test_partial_cuda_graphs_speed_up_deepseek_v3_on_gb200_as_measured():
     graphed = estimate_step(case.model, case.cluster, case.plan).step_time_s
     eager = estimate_step(case.model, case.cluster, replace(case.plan, cuda_graphs=())).step_time_s
     assert eager / graphed > 1.05
+
+
+def test_partial_cuda_graphs_do_not_speed_up_the_eager_all_to_all_run_as_measured():
+    """Megatron-Bridge PR #3868 (QB-001/QB-002 of `validation/published_moe_runs.csv`): on Qwen3-30B-A3B
+    over 16 H100 with the all-to-all dispatcher and no overlap, TE graphs of attention, router and
+    preprocess took 42.00 s against 41.36 s eager. The exposed all-to-alls keep the GPU busy while the
+    host issues the next layer, so the model must give the graphs no gain either (within 3%): a host
+    model that made this run launch-bound would fail here."""
+    import csv
+    from pathlib import Path
+
+    from shardscope.analytic.step import estimate_step
+    from shardscope.validate.rows import case_from_row
+
+    csv_path = Path(__file__).resolve().parents[1] / "validation" / "published_moe_runs.csv"
+    rows = {r["id"]: r for r in csv.DictReader(csv_path.open())}
+    eager, graphed = (case_from_row(rows[i]) for i in ("QB-001", "QB-002"))
+    assert eager.plan.cuda_graphs == () and graphed.plan.cuda_graphs == ("attn", "moe_router", "moe_preprocess")
+    t_eager = estimate_step(eager.model, eager.cluster, eager.plan).step_time_s
+    t_graphed = estimate_step(graphed.model, graphed.cluster, graphed.plan).step_time_s
+    measured = 42.00 / 41.36
+    assert t_graphed / t_eager == pytest.approx(measured, abs=0.03)
