@@ -198,6 +198,17 @@ def test_recipe_scopes():
     )
 
 
+def _published_case(row_id: str):
+    """The case (model, cluster, plan) of one measured run of `validation/published_moe_runs.csv`."""
+    from pathlib import Path
+
+    from shardscope.validate.rows import case_from_row
+    from shardscope.validate.runner import read_rows
+
+    path = Path(__file__).resolve().parents[1] / "validation" / "published_moe_runs.csv"
+    return case_from_row(next(r for r in read_rows(path) if r["id"] == row_id))
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="known miss: host time in a real Megatron step exceeds the per-call microbenchmarks "
@@ -208,15 +219,9 @@ def test_partial_cuda_graphs_speed_up_deepseek_v3_on_gb200_as_measured():
     in CUDA graphs gives DeepSeek-V3 on GB200 a 10% end-to-end speedup. Our eager host time stays
     under the GPU time of the same stretches, so the model gives none: this test records the miss and
     fails loudly once the host model explains it."""
-    import csv
-    from pathlib import Path
-
     from shardscope.analytic.step import estimate_step
-    from shardscope.validate.rows import case_from_row
 
-    csv_path = Path(__file__).resolve().parents[1] / "validation" / "published_moe_runs.csv"
-    row = next(r for r in csv.DictReader(csv_path.open()) if r["id"] == "MR-001")
-    case = case_from_row(row)
+    case = _published_case("MR-001")
     assert set(case.plan.cuda_graphs) == {"attn", "moe_router", "moe_preprocess"}
     graphed = estimate_step(case.model, case.cluster, case.plan).step_time_s
     eager = estimate_step(case.model, case.cluster, replace(case.plan, cuda_graphs=())).step_time_s
@@ -229,15 +234,9 @@ def test_partial_cuda_graphs_do_not_speed_up_the_eager_all_to_all_run_as_measure
     preprocess took 42.00 s against 41.36 s eager. The exposed all-to-alls keep the GPU busy while the
     host issues the next layer, so the model must give the graphs no gain either (within 3%): a host
     model that made this run launch-bound would fail here."""
-    import csv
-    from pathlib import Path
-
     from shardscope.analytic.step import estimate_step
-    from shardscope.validate.rows import case_from_row
 
-    csv_path = Path(__file__).resolve().parents[1] / "validation" / "published_moe_runs.csv"
-    rows = {r["id"]: r for r in csv.DictReader(csv_path.open())}
-    eager, graphed = (case_from_row(rows[i]) for i in ("QB-001", "QB-002"))
+    eager, graphed = (_published_case(i) for i in ("QB-001", "QB-002"))
     assert eager.plan.cuda_graphs == () and graphed.plan.cuda_graphs == ("attn", "moe_router", "moe_preprocess")
     t_eager = estimate_step(eager.model, eager.cluster, eager.plan).step_time_s
     t_graphed = estimate_step(graphed.model, graphed.cluster, graphed.plan).step_time_s
