@@ -474,6 +474,50 @@ def test_mtp_modules_shard_their_experts_over_ep_and_cost_the_last_stage():
     assert stage_cost(sc_on, m, p64, 0).compute == stage_cost(sc_off, m, off, 0).compute
 
 
+def test_mtp_module_in_a_chunk_of_its_own():
+    """Megatron-Core can give the MTP module a model chunk of its own ahead of the loss (`...|m|L`, the
+    MoE report's DeepSeek-V3 H100 layout): its block, projection and embedding copy move to that chunk's
+    rank, while its output layer stays with the loss; nothing is lost or counted twice."""
+    from dataclasses import replace
+
+    from shardscope.analytic.step import stage_cost, step_costs
+    from shardscope.costs.memory import mtp_params_local, rank_params_local
+    from shardscope.plan.layout import format_pp_layout, layout_mtp_chunk, parse_pp_layout
+    from shardscope.planner.export import to_megatron
+    from shardscope.sim.step import simulate_step
+
+    layout = "Et*3|(tt|)*29m|L"
+    assert parse_pp_layout(layout) == (3,) + (2,) * 29 + (0, 0) and layout_mtp_chunk(layout) == 30
+    assert layout_mtp_chunk("Et*4|(t*4|)*14tmL") == 15 and layout_mtp_chunk("5,4,3") == -1
+    m = load_model("deepseek-v3")
+    cluster = make_cluster("H100", 1024)
+    kw = dict(tp=2, pp=8, vpp=4, ep=64, global_batch=8192, seq_len=4096, zero=1, mtp=True, recompute="selective")
+    own = make_plan(m, cluster, pp_layout=layout, **kw)
+    assert (own.mtp_chunk, own.mtp_rank) == (30, 6)
+    with_loss = replace(own, mtp_chunk=-1)
+    assert with_loss.mtp_rank == 7
+    sc = step_costs(m, cluster, own)
+    stages = {p: [stage_cost(sc, m, p, r) for r in range(8)] for p in (own, with_loss)}
+    block = sc.layers[m.mtp_kind]
+    mtp_block = block.fwd.compute_s + block.bwd.compute_s + block.recompute_s
+    moved = stages[own][6].compute - stages[with_loss][6].compute
+    assert moved == pytest.approx(stages[with_loss][7].compute - stages[own][7].compute)
+    assert moved > mtp_block  # the block and the module's own ops
+    assert sum(s.compute for s in stages[own]) == pytest.approx(sum(s.compute for s in stages[with_loss]))
+    # parameters: the module and a copy of the embedding it looks up move to rank 6; the output layer stays
+    gained = sum(rank_params_local(m, own, 6)) - sum(rank_params_local(m, with_loss, 6))
+    assert gained == pytest.approx(sum(mtp_params_local(m, own)) + m.vocab * m.hidden / 2)
+    assert sum(rank_params_local(m, with_loss, 7)) - sum(rank_params_local(m, own, 7)) == pytest.approx(gained)
+    # the simulator places the module's chunk on rank 6 too, and the layout exports as given
+    sims = {p: simulate_step(m, cluster, p).chunks for p in (own, with_loss)}
+    assert sims[with_loss][30].fwd_s == 0.0 < sims[own][30].fwd_s
+    assert sims[own][30].activation_bytes > 0.0 == sims[with_loss][30].activation_bytes
+    assert sims[with_loss][31].fwd_s - sims[own][31].fwd_s == pytest.approx(sims[own][30].fwd_s)
+    written = to_megatron(m, own)
+    assert written[written.index("--pipeline-model-parallel-layout") + 1] == format_pp_layout(own.pp_layout, 1, 30)
+    assert format_pp_layout(own.pp_layout, 1, 30).endswith("|m|L")
+
+
 def test_megatron_pipeline_layout():
     from shardscope.errors import ShardscopeError
     from shardscope.plan.layout import parse_pp_layout
@@ -481,7 +525,14 @@ def test_megatron_pipeline_layout():
     assert parse_pp_layout("Et*4|(t*4|)*14tmL") == (4,) * 15 + (1,)
     assert parse_pp_layout("Et|(tt|)*30mL") == (1,) + (2,) * 30 + (0,)
     assert parse_pp_layout("5, 4,3") == (5, 4, 3)
-    for bad, why in (("t|Et", "embedding"), ("tL|t", "last chunk"), ("Ex*4", "unknown symbol"), ("(t|*2", "paren")):
+    for bad, why in (
+        ("t|Et", "embedding"),
+        ("tL|t", "last chunk"),
+        ("Ex*4", "unknown symbol"),
+        ("(t|*2", "paren"),
+        ("Et|m|tL", "after the last transformer layer"),
+        ("Et|tm|mL", "share one chunk"),
+    ):
         with pytest.raises(ShardscopeError, match=why):
             parse_pp_layout(bad)
     m = load_model("deepseek-v3")

@@ -157,15 +157,17 @@ PUBLISHED_MOE_RUNS = Path(__file__).resolve().parents[1] / "validation" / "publi
 
 def test_published_moe_runs_carry_their_stated_settings():
     """The measured MoE runs of `validation/published_moe_runs.csv` take the settings their sources state
-    (`published_runs.yaml`): every row is predicted but the one whose layout puts MTP in a chunk of its
-    own, and each plan has its run's dispatcher, overlap, CUDA graphs and recompute modules."""
+    (`published_runs.yaml`): every row is predicted, and each plan has its run's dispatcher, overlap, CUDA
+    graphs, recompute modules and pipeline layout (MR-003's puts the MTP module in a chunk of its own)."""
     from shardscope.validate.rows import case_from_row
 
     report = run_validation(PUBLISHED_MOE_RUNS)
-    assert [s["id"] for s in report.skipped] == ["MR-003"]
-    assert "MTP chunk of its own" in report.skipped[0]["reason"]
+    assert report.skipped == []
     rows = {r["id"]: r for r in read_rows(PUBLISHED_MOE_RUNS)}
-    assert len(report.rows) == len(rows) - 1
+    assert len(report.rows) == len(rows)
+    mr3 = case_from_row(rows["MR-003"]).plan
+    assert (mr3.pp, mr3.vpp, mr3.mtp, mr3.mtp_chunk, mr3.mtp_rank) == (8, 4, True, 30, 6)
+    assert mr3.pp_layout[-2:] == (0, 0) and sum(mr3.pp_layout) == 61
     dsv3 = case_from_row(rows["MR-001"]).plan
     assert (dsv3.fp8_recipe, dsv3.ep_dispatch, dsv3.ep_comm_overlap) == ("mxfp8", "hierarchical", False)
     assert dsv3.cuda_graphs == ("attn", "moe_router", "moe_preprocess") and dsv3.offload_optimizer

@@ -321,23 +321,27 @@ def _add_blocks(st: Stage, sc: StepCosts, counts: Mapping[LayerKind, int], recom
         st.host_stall += n * (c.fwd.host_stall_s + c.bwd.host_stall_s + (c.recompute_stall_s if recomputed else 0.0))
 
 
+def mtp_heads(model: ModelSpec, plan: Plan) -> int:
+    """Output layers + cross-entropies the loss chunk runs per micro-batch beyond the main one: one per
+    trained MTP module (Megatron-Core's `process_mtp_loss` runs them all where the loss is)."""
+    return model.mtp_layers if plan.mtp else 0
+
+
 def mtp_cost(sc: StepCosts, model: ModelSpec, plan: Plan) -> Stage:
-    """Per-micro-batch cost of the MTP modules on the last pipeline rank (DeepSeek-V3 §2.2; Megatron-Core
-    places them with the loss): each runs its embedding lookup, two norms and the 2h→h projection
-    (`graph.mtp`), one more block of the model's kind under the plan's recompute, and one more output
-    layer + cross-entropy."""
+    """Per-micro-batch cost of the MTP modules on their pipeline rank (`Plan.mtp_rank`; DeepSeek-V3 §2.2):
+    each runs its embedding lookup, two norms and the 2h→h projection (`graph.mtp`) and one more block of
+    the model's kind under the plan's recompute. Their output layers run with the loss (`mtp_heads`)."""
     st = Stage()
     if not (plan.mtp and model.mtp_layers):
         return st
     n = model.mtp_layers
     _add_blocks(st, sc, {model.mtp_kind: n}, plan.recompute != "none")
-    for fwd, bwd in ((sc.mtp_fwd, sc.mtp_bwd), (sc.head_fwd, sc.head_bwd)):
-        st.compute += n * (fwd.compute_s + bwd.compute_s)
-        st.exposed += n * (fwd.exposed_s + bwd.exposed_s)
-        st.host_stall += n * (fwd.host_stall_s + bwd.host_stall_s)
-        st.fwd += n * fwd.compute_s
-        st.bwd += n * bwd.compute_s
-        st.fwd_exposed += n * fwd.exposed_s
+    st.compute += n * (sc.mtp_fwd.compute_s + sc.mtp_bwd.compute_s)
+    st.exposed += n * (sc.mtp_fwd.exposed_s + sc.mtp_bwd.exposed_s)
+    st.host_stall += n * (sc.mtp_fwd.host_stall_s + sc.mtp_bwd.host_stall_s)
+    st.fwd += n * sc.mtp_fwd.compute_s
+    st.bwd += n * sc.mtp_bwd.compute_s
+    st.fwd_exposed += n * sc.mtp_fwd.exposed_s
     return st
 
 
@@ -347,8 +351,9 @@ def stage_cost(sc: StepCosts, model: ModelSpec, plan: Plan, rank: int) -> Stage:
     st = layers_cost(sc, model, plan, layers, plan.recomputed_layers(len(layers)))
     st.exposed += st.first_gather  # the first gather of each micro-batch has nothing to hide under
     ends = ((sc.embed_fwd, sc.embed_bwd),) if rank == 0 else ()
-    if rank == plan.pp - 1:
-        ends += ((sc.head_fwd, sc.head_bwd),)
+    if rank == plan.pp - 1:  # the output layer and loss, once more for each MTP module
+        ends += ((sc.head_fwd, sc.head_bwd),) * (1 + mtp_heads(model, plan))
+    if rank == plan.mtp_rank:
         mtp = mtp_cost(sc, model, plan)
         st.compute += mtp.compute
         st.exposed += mtp.exposed

@@ -77,7 +77,7 @@ def expert_params_local(model: ModelSpec, kind: LayerKind, ep: int, etp: int) ->
 
 def rank_params_local(model: ModelSpec, plan: Plan, rank: int) -> tuple[float, float]:
     """(dense, expert) parameters on one GPU of pipeline rank `rank` (TP/EP-split, before ZeRO/FSDP)."""
-    key = ("rank_params", plan.tp, plan.ep, plan.etp, plan.pp, plan.vpp, plan.pp_layout, plan.mtp, rank)
+    key = ("rank_params", plan.tp, plan.ep, plan.etp, plan.pp, plan.vpp, plan.pp_layout, plan.mtp, plan.mtp_chunk, rank)
     return model.memoised(key, lambda: _rank_params_local(model, plan, rank))
 
 
@@ -93,31 +93,40 @@ def _rank_params_local(model: ModelSpec, plan: Plan, rank: int) -> tuple[float, 
         # A tied output layer on a separate last stage keeps its own copy of the embedding.
         if not model.tied_embeddings or plan.pp > 1:
             dense += vocab_rows
-        if plan.mtp and model.mtp_layers:
-            mtp_dense, mtp_expert = mtp_params_local(model, plan)
-            dense += mtp_dense + (vocab_rows if plan.pp > 1 else 0.0)
-            expert += mtp_expert
+    if rank == plan.mtp_rank and plan.mtp and model.mtp_layers:
+        mtp_dense, mtp_expert = mtp_params_local(model, plan)
+        dense += mtp_dense + (vocab_rows if rank > 0 else 0.0)
+        expert += mtp_expert
     return dense, expert
 
 
 def mtp_params_local(model: ModelSpec, plan: Plan) -> tuple[float, float]:
-    """(dense, expert) parameters of the MTP modules on one GPU of the last pipeline rank: three norms, the
+    """(dense, expert) parameters of the MTP modules on one GPU of their pipeline rank: three norms, the
     2h→h projection (TP-split) and a block whose routed experts split over EP like any MoE layer's. The
-    embedding they look up is shared with the main model, but a last stage without it (pp > 1) keeps a
-    copy, as Megatron-Core's MTP stage does (`rank_params_local` adds it)."""
+    embedding they look up is shared with the main model, but a rank other than the first keeps a copy,
+    as Megatron-Core's MTP stage does (`rank_params_local` adds it)."""
     kind = model.mtp_kind
     dense = 3 * model.norm_params + 2 * model.hidden * model.hidden / plan.tp + dense_params_local(model, plan.tp, kind)
     return model.mtp_layers * dense, model.mtp_layers * expert_params_local(model, kind, plan.ep, plan.etp)
 
 
 def mtp_saved_bytes(model: ModelSpec, plan: Plan, graph: StageGraph) -> float:
-    """Activations one micro-batch's MTP modules save (last rank): their own ops, their block under the
-    plan's recompute and their output layer."""
+    """Activations one micro-batch's MTP modules save on their rank: their own ops and their block under
+    the plan's recompute (their output layers save with the loss's)."""
     if not (plan.mtp and model.mtp_layers):
         return 0.0
     policy = plan.recompute, plan.recompute_modules
     per = graph.mtp.saved_bytes(*policy) + graph.layers[model.mtp_kind].saved_bytes(*policy)
-    return model.mtp_layers * (per + graph.head.saved_bytes(plan.recompute))
+    return model.mtp_layers * per
+
+
+def chunk_inflight(plan: Plan, stage: int, virtual: int) -> int:
+    """Micro-batches whose activations of virtual chunk `virtual` of rank `stage` are alive at the peak
+    (interleaved 1F1B: the warm-up forwards run `pp` micro-batches per chunk in turn, then one more)."""
+    total = inflight_chunks(plan, stage)
+    if plan.vpp == 1:
+        return total
+    return sum(1 for k in range(total) if (k // plan.pp) % plan.vpp == virtual)
 
 
 def stage_params_local(model: ModelSpec, plan: Plan, stage: int) -> float:
@@ -201,7 +210,12 @@ def activation_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int
     if stage == 0:
         saved += graph.embedding.saved_bytes(plan.recompute) * chunks
     if stage == plan.pp - 1:  # the last stage runs each micro-batch's backward at once
-        saved += graph.head.saved_bytes(plan.recompute) + mtp_saved_bytes(model, plan, graph)
+        heads = 1 + (model.mtp_layers if plan.mtp else 0)
+        saved += heads * graph.head.saved_bytes(plan.recompute)
+    if stage == plan.mtp_rank:
+        chunk = plan.mtp_chunk % (plan.pp * plan.vpp)
+        alive = 1 if chunk == plan.pp * plan.vpp - 1 else chunk_inflight(plan, stage, chunk // plan.pp)
+        saved += alive * mtp_saved_bytes(model, plan, graph)
     ffn = max(model.ffn_hidden, model.moe.expert_ffn * model.moe.top_k if model.moe else 0)
     grad_ws = BF16 * graph.tokens * (2 * ffn / plan.tp + model.hidden)
     return saved, worst_ws + grad_ws, chunks
@@ -214,7 +228,7 @@ def buffer_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int, ar
     per_kind = {k: layer_params_local(model, plan.tp, k, plan.ep, plan.etp) for k in counts}
     biggest = max(per_kind.values(), default=0.0)
     gathered = sum(n * per_kind[k] for k, n in counts.items())
-    if stage == plan.pp - 1:
+    if stage == plan.mtp_rank:
         gathered += sum(mtp_params_local(model, plan)) if plan.mtp else 0.0
     if (plan.fsdp or plan.zero == 3) and plan.shard_size > 1:
         # Current + prefetched gathered layers (bf16) and an unsharded fp32 gradient being reduce-scattered.

@@ -3,7 +3,8 @@
 Accepts Megatron-Core's `--pipeline-model-parallel-layout` string (virtual stages separated by `|`;
 `E` embedding, `t` a transformer layer, `m` an MTP module, `L` the loss; `x*N` and `(...)*N` repeat),
 e.g. DeepSeek-V3 on PP16: `Et*4|(t*4|)*14tmL`, or a plain comma-separated list of layer counts.
-Chunks are in Megatron's order: chunk c runs on pipeline rank c mod pp.
+Chunks are in Megatron's order: chunk c runs on pipeline rank c mod pp. The MTP modules may sit in a chunk
+of their own ahead of the loss (`...|m|L`): that chunk runs their blocks, the loss chunk their output layers.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ def _expand(text: str) -> str:
     return _REPEAT_ONE.sub(lambda m: m.group(1) * int(m.group(2)), text)
 
 
-def parse_pp_layout(text: str) -> tuple[int, ...]:
-    """Decoder layers per model chunk from a Megatron layout string or a list of counts."""
+def _chunks(text: str) -> list[str] | None:
+    """The layout's chunks as symbol strings (None for a list of counts), checked."""
     text = text.replace(" ", "")
     if re.fullmatch(r"\d+(,\d+)*", text):
-        return tuple(int(n) for n in text.split(","))
+        return None
     bad = set(text) - set("EtmL|()*0123456789")
     if bad or set(_expand(text)) - set("EtmL|"):
         raise ShardscopeError(
@@ -39,21 +40,41 @@ def parse_pp_layout(text: str) -> tuple[int, ...]:
     chunks = _expand(text).split("|")
     if any("E" in c for c in chunks[1:]) or chunks[0].count("E") > 1:
         raise ShardscopeError(f"--pp-layout {text!r}: the embedding (E) must be in the first chunk only")
-    if any("L" in c or "m" in c for c in chunks[:-1]):
+    if any("L" in c for c in chunks[:-1]):
+        raise ShardscopeError(f"--pp-layout {text!r}: the loss (L) must be in the last chunk")
+    with_mtp = [i for i, c in enumerate(chunks) if "m" in c]
+    after_mtp = chunks[with_mtp[0] + 1 :] if with_mtp else []
+    if len(with_mtp) > 1 or any("t" in c for c in after_mtp):
         raise ShardscopeError(
-            f"--pp-layout {text!r}: MTP (m) and the loss (L) must be in the last chunk "
-            "(an MTP chunk of its own is not modelled)"
+            f"--pp-layout {text!r}: the MTP modules (m) must share one chunk after the last transformer layer"
         )
+    return chunks
+
+
+def parse_pp_layout(text: str) -> tuple[int, ...]:
+    """Decoder layers per model chunk from a Megatron layout string or a list of counts."""
+    chunks = _chunks(text)
+    if chunks is None:
+        return tuple(int(n) for n in text.replace(" ", "").split(","))
     return tuple(c.count("t") for c in chunks)
 
 
-def format_pp_layout(counts: tuple[int, ...], mtp_layers: int = 0) -> str:
-    """Megatron-Core's layout string for `counts` layers per chunk (embedding first, MTP + loss last)."""
+def layout_mtp_chunk(text: str) -> int:
+    """The chunk that holds the MTP modules (`m`) in a layout string; -1 (the last chunk, with the loss)
+    when it names none."""
+    chunks = _chunks(text) or []
+    return next((i for i, c in enumerate(chunks) if "m" in c), -1)
+
+
+def format_pp_layout(counts: tuple[int, ...], mtp_layers: int = 0, mtp_chunk: int = -1) -> str:
+    """Megatron-Core's layout string for `counts` layers per chunk (embedding first, the loss last, the
+    MTP modules in `mtp_chunk`, by default the last)."""
 
     def layers(n: int) -> str:
         return "t" * n if n <= 2 else f"t*{n}"
 
     chunks = [layers(n) for n in counts]
     chunks[0] = "E" + chunks[0]
-    chunks[-1] += "m" * mtp_layers + "L"
+    chunks[mtp_chunk] += "m" * mtp_layers
+    chunks[-1] += "L"
     return "|".join(chunks)

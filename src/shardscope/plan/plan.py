@@ -13,7 +13,7 @@ from typing import Literal
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
-from shardscope.plan.layout import parse_pp_layout
+from shardscope.plan.layout import layout_mtp_chunk, parse_pp_layout
 
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
@@ -77,6 +77,7 @@ class Plan:
     offload_activations: float = 0.0  # fraction of saved activations kept in host memory
     ep_dispatch: Literal["flat", "hierarchical"] = "flat"  # hierarchical: one copy per node (DeepEP/HybridEP)
     pp_layout: tuple[int, ...] = ()  # decoder layers per model chunk (pp·vpp of them); () = even split
+    mtp_chunk: int = -1  # model chunk of the MTP modules (their output layers run with the loss, last chunk)
     # CUDA-graphed scopes (CUDA_GRAPH_SCOPES); () = eager, every op launched by the host
     cuda_graphs: tuple[str, ...] = ()
     # Megatron-Core's fused bias-activation (`bias_swiglu_fusion`): the SwiGLU, with an MoE layer's routing
@@ -90,6 +91,11 @@ class Plan:
     def __post_init__(self) -> None:
         if type(self.cuda_graphs) is not tuple:  # "attn,moe_router" or a list: checked, as make_plan does
             object.__setattr__(self, "cuda_graphs", cuda_graph_scopes(self.cuda_graphs))
+
+    @property
+    def mtp_rank(self) -> int:
+        """Pipeline rank that runs the MTP modules' blocks (chunk c runs on rank c mod pp)."""
+        return (self.mtp_chunk % (self.pp * self.vpp)) % self.pp
 
     def stage_layers(self, layers: int) -> int:
         """Layers on the most-loaded pipeline rank."""
@@ -213,6 +219,7 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         kw["recompute_modules"] = comma_list(kw["recompute_modules"])
     kw["cuda_graphs"] = cuda_graph_scopes(kw.get("cuda_graphs", ()))
     if isinstance(kw.get("pp_layout"), str):
+        kw.setdefault("mtp_chunk", layout_mtp_chunk(kw["pp_layout"]))
         kw["pp_layout"] = parse_pp_layout(kw["pp_layout"])
     dp = kw.pop("dp", 0) or 0
     if model.dit is not None:
@@ -250,6 +257,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
     # (--account-for-embedding/loss-in-pipeline-split), so up to L + 2 model chunks are valid.
     elif stages > model.layers + 2:
         raise ShardscopeError(f"pp·vpp = {stages} exceeds the {model.layers} layers (+2) of {model.name}")
+    if not -stages <= plan.mtp_chunk < stages:
+        raise ShardscopeError(f"the MTP chunk {plan.mtp_chunk} is not one of the pp·vpp = {stages} model chunks")
     if plan.seq_len % plan.cp:
         raise ShardscopeError(f"--cp {plan.cp} does not divide --seq-len {plan.seq_len}")
     if plan.global_batch % (plan.micro_batch * dp):

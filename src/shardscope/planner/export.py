@@ -117,7 +117,7 @@ def to_megatron(model: ModelSpec, plan: Plan) -> list[str]:
         args += ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)]
     mtp_layers = model.mtp_layers if plan.mtp else 0
     if plan.pp_layout:
-        args += ["--pipeline-model-parallel-layout", format_pp_layout(plan.pp_layout, mtp_layers)]
+        args += ["--pipeline-model-parallel-layout", format_pp_layout(plan.pp_layout, mtp_layers, plan.mtp_chunk)]
     if mtp_layers:
         args += ["--mtp-num-layers", str(mtp_layers)]
     if plan.cp > 1:

@@ -30,6 +30,7 @@ from shardscope.analytic.step import (
     make_estimate,
     memory_breakdown,
     mtp_cost,
+    mtp_heads,
     optimizer_time_s,
     rank_memory,
     stage_cost,
@@ -134,6 +135,7 @@ def _chunk_cost(
     rank_layers: tuple[int, ...],
     first: bool,
     last: bool,
+    with_mtp: bool,
     split_w: bool,
 ) -> ChunkCost:
     n_rec = plan.recomputed_layers(len(rank_layers))
@@ -144,16 +146,22 @@ def _chunk_cost(
     if first:
         fwd += sc.embed_fwd.compute_s + sc.embed_fwd.exposed_s + st.first_gather
         bwd += sc.embed_bwd.compute_s + sc.embed_bwd.exposed_s
-    if last:
+    if with_mtp:
         mtp_fwd, mtp_bwd = _forward_backward_s(mtp_cost(sc, model, plan), sc.slowdown)
-        fwd += sc.head_fwd.compute_s + sc.head_fwd.exposed_s + mtp_fwd
-        bwd += sc.head_bwd.compute_s + sc.head_bwd.exposed_s + mtp_bwd
+        fwd += mtp_fwd
+        bwd += mtp_bwd
+    if last:  # the output layer and loss, once more for each MTP module
+        heads = 1 + mtp_heads(model, plan)
+        fwd += heads * (sc.head_fwd.compute_s + sc.head_fwd.exposed_s)
+        bwd += heads * (sc.head_bwd.compute_s + sc.head_bwd.exposed_s)
     wgrad = st.wgrad if split_w else 0.0
     policy_act = layers_saved_bytes(model, plan, sc.graph, layers, recomputed if plan.recompute == "full" else 0)
     if first:
         policy_act += sc.graph.embedding.saved_bytes(plan.recompute)
+    if with_mtp:
+        policy_act += mtp_saved_bytes(model, plan, sc.graph)
     if last:
-        policy_act += sc.graph.head.saved_bytes(plan.recompute) + mtp_saved_bytes(model, plan, sc.graph)
+        policy_act += (1 + mtp_heads(model, plan)) * sc.graph.head.saved_bytes(plan.recompute)
     return ChunkCost(layers, fwd, bwd - wgrad, wgrad, policy_act)
 
 
@@ -175,6 +183,8 @@ def simulate_step(
     n_chunks = len(chunk_layers)
     firsts = {c for c in range(n_chunks) if layout.prev(c) is None}
     lasts = {c for c in range(n_chunks) if layout.next(c) is None}
+    # the MTP modules' chunk: the plan's when the schedule keeps Megatron's pp·vpp chunks, else the loss's
+    mtps = {plan.mtp_chunk % n_chunks} if n_chunks == plan.pp * plan.vpp else lasts
     chunks = [
         _chunk_cost(
             sc,
@@ -184,6 +194,7 @@ def simulate_step(
             rank_layers[chunk_rank[c]] if name != "dualpipe" else chunk_layers[c],
             c in firsts,
             c in lasts,
+            c in mtps,
             split_w,
         )
         for c in range(n_chunks)
