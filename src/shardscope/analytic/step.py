@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 
 from shardscope.costs.comm import GroupPlacement, collective_time_s, place_group
 from shardscope.costs.compute import group_times_s, memory_time_s
-from shardscope.costs.efficiency import overlap_slowdown
+from shardscope.costs.efficiency import EP_OVERLAP_FRACTION, overlap_slowdown
 from shardscope.costs.host import host_stall_s
 from shardscope.costs.memory import (
     CONTEXT_BYTES,
@@ -115,7 +115,8 @@ def _add_comms(
     cluster: Cluster, groups: Groups, unit: OpGroup, phase: str, cost: PhaseCost, blocks: dict[str, float]
 ) -> PhaseCost:
     """Add the unit's collectives of `phase` to `cost`: each hides under what its `hidden_by` names (this
-    phase's compute, or one of the other micro-batch's `blocks`) as far as that budget lasts."""
+    phase's compute, or one of the other micro-batch's `blocks`) as far as that budget lasts; an all-to-all
+    paired with another micro-batch's block hides only `EP_OVERLAP_FRACTION` of its time."""
     budget = {"attention": cost.attention_s, "gemm": cost.gemm_s, "compute": cost.compute_s, **blocks}
     for c in unit.comms:
         if c.phase != phase:
@@ -123,7 +124,8 @@ def _add_comms(
         t = collective_time_s(cluster, c.kind, c.bytes, getattr(groups, c.group), c.fanout)
         hidden = 0.0
         if c.hidden_by:
-            hidden = min(t, budget[c.hidden_by])
+            share = EP_OVERLAP_FRACTION if c.hidden_by in blocks else 1.0
+            hidden = min(share * t, budget[c.hidden_by])
             budget[c.hidden_by] -= hidden
         cost.hidden_s += hidden
         cost.exposed_s += t - hidden

@@ -68,6 +68,14 @@ KERNEL_GAP_S = 2e-6
 # overlapped collective is slowed by channels / SMs.
 NCCL_CHANNELS = 16
 
+# Megatron-Core's combined-1F1B schedule (overlap_moe_expert_parallel_comm) runs each all-to-all of one
+# micro-batch beside a compute block of another, but the two streams meet at every block boundary and
+# the all-to-all kernels contend with the compute for SMs, so only part of each all-to-all's time runs
+# under compute. Measured: a rank-0 Nsight profile of Qwen3-30B-A3B on 16 H100 with HybridEP and the
+# overlap on has 36.55% of its communication time concurrent with GEMMs and attention (Megatron-Bridge
+# skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md @067f987df, "Communication time hidden by compute").
+EP_OVERLAP_FRACTION = 0.3655
+
 
 def clock_ratio(gpu: GPU) -> float:
     """Sustained (power-capped) over boost clock: scales burst kernel benchmarks to training."""

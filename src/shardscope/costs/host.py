@@ -10,7 +10,9 @@ the whole step with `full_iteration`).
 Without a synchronisation the host runs ahead across layers and the GPU waits max(0, host - GPU) per
 layer. A synchronisation drains the GPU's queue: from there to the next one (the next layer's sync) the
 GPU starts empty and waits whenever the host has not yet issued the next kernel (`queue_idle_s`). Forward
-has the MoE dispatcher's one sync per layer, backward none. Exposed communication keeps the GPU busy too:
+has the MoE dispatcher's one sync per layer, backward none (and a DeepEP/HybridEP dispatch call's own host
+time right after it); under the combined-1F1B all-to-all overlap the other micro-batch's queued work keeps
+the GPU busy through the sync. Exposed communication keeps the GPU busy too:
 the dispatcher's all-to-alls right after its sync, while the host issues the experts; TP and CP
 collectives at the layer's start.
 """
@@ -48,6 +50,12 @@ TORCH_GEMM_S = 13.5e-6
 # tensors allocated for the result (block-scaled recipes: data and scales, row- and column-wise = 4;
 # per-tensor: data and its transpose = 2; Megatron-LM DeepSeek-V3 GB200 guide, MXFP8), each one call.
 QUANT_ALLOCS = {"tensorwise": 2, "delayed": 2, "blockwise": 4, "mxfp8": 4}
+# Host time of a DeepEP/HybridEP dispatch call once the token counts are known (its Python set-up,
+# buffer allocations and the dispatch + permute launches), before its first kernel runs. Measured: the
+# NVTX ranges of Megatron-Bridge's Qwen3-30B-A3B Nsight A/B on H100 (skills/nemo-mbridge-perf-moe-comm-
+# overlap/SKILL.md @067f987df): dispatch-with-permute minus its metadata preprocess, (4.253 - 3.109) s and
+# (1.767 - 0.670) s over 3,072 forward calls = 0.372 and 0.357 ms, with and without the overlap.
+EP_DISPATCH_CALL_S = 0.365e-3
 
 
 def op_host_s(op: Op, backward: bool, plan: Plan) -> float:
@@ -77,6 +85,20 @@ def syncs(plan: Plan) -> bool:
     return not ({"moe", "full_iteration"} & set(plan.cuda_graphs))
 
 
+def drains(plan: Plan) -> bool:
+    """Whether the host's wait at a sync leaves the GPU without work. Not under the combined-1F1B
+    all-to-all overlap: the GPU still runs the other micro-batch's queued backward (the overlap-on
+    Nsight profile of the Qwen3-30B-A3B A/B has no idle GPU time; overlap off, 1.9 s per step)."""
+    return syncs(plan) and not plan.ep_comm_overlap
+
+
+def dispatch_call_s(plan: Plan) -> float:
+    """Host time of the forward dispatch call after the sync (`EP_DISPATCH_CALL_S`): DeepEP/HybridEP
+    (hierarchical dispatch) in an eager MoE layer; NCCL's all-to-all dispatcher launches its copies from
+    the memory ops of the graph."""
+    return EP_DISPATCH_CALL_S if plan.ep > 1 and plan.ep_dispatch == "hierarchical" and syncs(plan) else 0.0
+
+
 def queue_idle_s(host: list[float], gpu: list[float]) -> float:
     """GPU idle while the host issues ops in order into an empty stream. Op i is issued once the host has
     spent host[0] + ... + host[i], and runs after op i-1: the GPU finishes at max over i of (issue_i +
@@ -103,15 +125,17 @@ def host_stall_s(
     layers) the host runs ahead across layers: max(0, host - GPU). With syncs, each stretch from one sync
     to the next (wrapping into the next layer, taken to be this one) starts with an empty GPU queue."""
     host = [op_host_s(op, backward, plan) for op in ops]
-    cuts = [i for i, op in enumerate(ops) if op.host_sync and i > 0] if not backward and syncs(plan) else []
+    dispatch_host = 0.0 if backward or not any(op.host_sync for op in ops) else dispatch_call_s(plan)
+    cuts = [i for i, op in enumerate(ops) if op.host_sync and i > 0] if not backward and drains(plan) else []
     if not cuts:
-        return max(0.0, sum(host) - sum(gpu_times) - exposed_comm_s)
+        return max(0.0, sum(host) + dispatch_host - sum(gpu_times) - exposed_comm_s)
     gpu = list(gpu_times)
     gpu[0] += exposed_comm_s - dispatch_comm_s
     n = len(ops)
 
     def stretch(a: int, b: int) -> float:
-        first = dispatch_comm_s if a == cuts[0] else 0.0  # issued as soon as the host resumes
-        return queue_idle_s([0.0] + [host[i % n] for i in range(a, b)], [first] + [gpu[i % n] for i in range(a, b)])
+        # the dispatch runs once the host has issued it after the sync
+        call, first = (dispatch_host, dispatch_comm_s) if a == cuts[0] else (0.0, 0.0)
+        return queue_idle_s([call] + [host[i % n] for i in range(a, b)], [first] + [gpu[i % n] for i in range(a, b)])
 
     return sum(stretch(a, b) for a, b in pairwise([*cuts, cuts[0] + n]))
