@@ -56,7 +56,10 @@ def estimate(
     vpp: Annotated[int, typer.Option(help="virtual stages per pipeline rank (interleaved 1F1B)")] = 1,
     pp_layout: Annotated[
         str | None,
-        typer.Option(help="layers per model chunk: Megatron layout ('Et*4|(t*4|)*14tmL') or counts ('5,4,...,1')"),
+        typer.Option(
+            help="layers per model chunk: Megatron layout ('Et*4|(t*4|)*14tmL'; MTP in a chunk of its own: "
+            "'...|m|L') or counts ('5,4,...,1')"
+        ),
     ] = None,
     cp: Annotated[int, typer.Option(help="context-parallel degree")] = 1,
     cp_kind: Annotated[str, typer.Option(help="context parallel: ring | a2a")] = "ring",
