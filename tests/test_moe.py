@@ -406,13 +406,13 @@ def test_ep_overlap_pairs_each_all_to_all_with_one_block():
     """Under the combined-1F1B overlap each all-to-all hides only under its paired block of the other
     micro-batch (forward dispatch under backward MLP, ...), and only the measured share of its time
     (`EP_OVERLAP_FRACTION`): what exceeds either stays exposed."""
-    from shardscope.analytic.step import _block_times, _compute_cost, place_groups
+    from shardscope.analytic.step import _block_times, _compute_cost, paired_share, place_groups
     from shardscope.costs.comm import collective_time_s
     from shardscope.costs.efficiency import EP_OVERLAP_FRACTION
 
     m = load_model("gpt-oss-120b")
     cluster = make_cluster("H100", 64)  # EP 64 over 8 nodes: the all-to-alls cross InfiniBand
-    kw = dict(global_batch=64, seq_len=4096, ep=64)
+    kw = dict(global_batch=512, seq_len=4096, ep=64)  # 8 micro-batches: 7 of each direction paired
     plan = make_plan(m, cluster, ep_comm_overlap=True, **kw)
     graph = build_stage_graph(m, plan)
     layer = graph.layers[graph.kinds[0]]
@@ -420,10 +420,12 @@ def test_ep_overlap_pairs_each_all_to_all_with_one_block():
     groups = place_groups(cluster, plan)
     exposed = {"fwd": 0.0, "bwd": 0.0}
     capped = 0
+    share = EP_OVERLAP_FRACTION * paired_share(plan)
+    assert paired_share(plan) == pytest.approx(7 / 8)
     for c in layer.comms:
         t = collective_time_s(cluster, c.kind, c.bytes, groups.ep, c.fanout)
-        exposed[c.phase] += t - min(EP_OVERLAP_FRACTION * t, blocks[c.hidden_by])
-        capped += blocks[c.hidden_by] < EP_OVERLAP_FRACTION * t
+        exposed[c.phase] += t - min(share * t, blocks[c.hidden_by])
+        capped += blocks[c.hidden_by] < share * t
     assert capped > 0  # this case is communication-bound: some blocks are too short to hide their share
     from shardscope.analytic.step import step_costs
 
@@ -434,6 +436,28 @@ def test_ep_overlap_pairs_each_all_to_all_with_one_block():
     no_overlap = shardscope.estimate("gpt-oss-120b", gpu="H100", gpus=64, **kw)
     overlap = shardscope.estimate("gpt-oss-120b", gpu="H100", gpus=64, ep_comm_overlap=True, **kw)
     assert overlap.step_time_s < no_overlap.step_time_s
+
+
+def test_ep_overlap_leaves_the_unpaired_micro_batches_exposed():
+    """The combined-1F1B schedule pairs a forward with another micro-batch's backward: without a pipeline
+    the first forward and the last backward run alone, so with 5 micro-batches a fifth of the all-to-alls
+    has nothing to hide under; an interleaved pipeline's warm-up forwards (and cool-down backwards) are
+    alone too. More micro-batches per step leave fewer alone, so less of the all-to-all is exposed."""
+    from shardscope.analytic.step import paired_share, step_costs
+
+    m = load_model("qwen3-30b-a3b")
+    cluster = make_cluster("H100", 16)
+    kw = dict(ep=16, seq_len=4096, ep_comm_overlap=True)
+    assert paired_share(make_plan(m, cluster, global_batch=80, **kw)) == pytest.approx(4 / 5)
+    interleaved = make_plan(m, cluster, pp=2, vpp=4, global_batch=1024, **(kw | {"ep": 8}))
+    assert paired_share(interleaved) == pytest.approx(1 - (1 + 3 * 2) / (128 * 4))
+
+    def exposed_per_micro_batch(global_batch: int) -> float:
+        plan = make_plan(m, cluster, global_batch=global_batch, **kw)
+        layer = step_costs(m, cluster, plan).layers[m.layer_kinds()[0]]
+        return layer.fwd.exposed_s + layer.bwd.exposed_s
+
+    assert exposed_per_micro_batch(32) > exposed_per_micro_batch(1024) > 0
 
 
 def test_grouped_gemm_pads_each_expert_to_whole_tiles():

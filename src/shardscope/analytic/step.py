@@ -111,12 +111,31 @@ def _block_times(fwd: PhaseCost, bwd: PhaseCost) -> dict[str, float]:
     }
 
 
+def paired_share(plan: Plan) -> float:
+    """Share of a rank's forward (and backward) chunk runs that Megatron-Core's combined-1F1B schedule
+    pairs with the other direction: all but its warm-up forwards and cool-down backwards. Without a
+    pipeline one forward runs alone first and one backward last; an interleaved pipeline warms up with
+    (pp - r - 1)·2 + (vpp - 1)·pp chunk forwards on rank r (taken at the mean rank) of m·vpp."""
+    m = plan.grad_accum
+    if plan.pp == 1:
+        return (m - 1) / m
+    warmup = (plan.pp - 1) + (plan.vpp - 1) * plan.pp
+    return max(0.0, 1 - warmup / (m * plan.vpp))
+
+
 def _add_comms(
-    cluster: Cluster, groups: Groups, unit: OpGroup, phase: str, cost: PhaseCost, blocks: dict[str, float]
+    cluster: Cluster,
+    groups: Groups,
+    unit: OpGroup,
+    phase: str,
+    cost: PhaseCost,
+    blocks: dict[str, float],
+    paired: float = 1.0,
 ) -> PhaseCost:
     """Add the unit's collectives of `phase` to `cost`: each hides under what its `hidden_by` names (this
     phase's compute, or one of the other micro-batch's `blocks`) as far as that budget lasts; an all-to-all
-    paired with another micro-batch's block hides only `EP_OVERLAP_FRACTION` of its time."""
+    paired with another micro-batch's block hides only `EP_OVERLAP_FRACTION` of its time, and only in the
+    `paired` share of the micro-batches that have a partner."""
     budget = {"attention": cost.attention_s, "gemm": cost.gemm_s, "compute": cost.compute_s, **blocks}
     for c in unit.comms:
         if c.phase != phase:
@@ -124,7 +143,7 @@ def _add_comms(
         t = collective_time_s(cluster, c.kind, c.bytes, getattr(groups, c.group), c.fanout)
         hidden = 0.0
         if c.hidden_by:
-            share = EP_OVERLAP_FRACTION if c.hidden_by in blocks else 1.0
+            share = EP_OVERLAP_FRACTION * paired if c.hidden_by in blocks else 1.0
             hidden = min(share * t, budget[c.hidden_by])
             budget[c.hidden_by] -= hidden
         cost.hidden_s += hidden
@@ -180,6 +199,7 @@ def _layer_cost(
         plan.shard_size,
         plan.expert_dp,
         gather_bytes,
+        paired_share(plan),
     )
     return unit.memoised(key, lambda: _layer_cost_of(cluster, plan, groups, model, kind, unit, gather_bytes))
 
@@ -189,8 +209,9 @@ def _layer_cost_of(
 ) -> LayerCost:
     fwd, bwd = _compute_cost(cluster, plan, unit, False), _compute_cost(cluster, plan, unit, True)
     blocks = _block_times(fwd, bwd)
+    paired = paired_share(plan)
     for phase, cost in (("fwd", fwd), ("bwd", bwd)):
-        _add_comms(cluster, groups, unit, phase, cost, blocks)
+        _add_comms(cluster, groups, unit, phase, cost, blocks, paired)
         _add_host_stall(cluster, plan, unit, phase == "bwd", cost)
     rec_stall = 0.0
     if plan.recompute == "full":
