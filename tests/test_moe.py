@@ -420,7 +420,7 @@ def test_ep_overlap_pairs_each_all_to_all_with_one_block():
     groups = place_groups(cluster, plan)
     exposed = {"fwd": 0.0, "bwd": 0.0}
     capped = 0
-    share = EP_OVERLAP_FRACTION * paired_share(plan)
+    share = EP_OVERLAP_FRACTION  # a micro-batch with a partner (`paired_share` of them)
     assert paired_share(plan) == pytest.approx(7 / 8)
     for c in layer.comms:
         t = collective_time_s(cluster, c.kind, c.bytes, groups.ep, c.fanout)
@@ -443,7 +443,7 @@ def test_ep_overlap_leaves_the_unpaired_micro_batches_exposed():
     the first forward and the last backward run alone, so with 5 micro-batches a fifth of the all-to-alls
     has nothing to hide under; an interleaved pipeline's warm-up forwards (and cool-down backwards) are
     alone too. More micro-batches per step leave fewer alone, so less of the all-to-all is exposed."""
-    from shardscope.analytic.step import paired_share, step_costs
+    from shardscope.analytic.step import paired_share, stage_cost, step_costs
 
     m = load_model("qwen3-30b-a3b")
     cluster = make_cluster("H100", 16)
@@ -454,10 +454,17 @@ def test_ep_overlap_leaves_the_unpaired_micro_batches_exposed():
 
     def exposed_per_micro_batch(global_batch: int) -> float:
         plan = make_plan(m, cluster, global_batch=global_batch, **kw)
-        layer = step_costs(m, cluster, plan).layers[m.layer_kinds()[0]]
-        return layer.fwd.exposed_s + layer.bwd.exposed_s
+        return stage_cost(step_costs(m, cluster, plan), m, plan, 0).exposed
 
-    assert exposed_per_micro_batch(32) > exposed_per_micro_batch(1024) > 0
+    # a partner hides EP_OVERLAP_FRACTION of each all-to-all (its paired block is long enough here)
+    few, many = exposed_per_micro_batch(32), exposed_per_micro_batch(1024)
+    assert few > many > 0
+    plan = make_plan(m, cluster, global_batch=32, **kw)
+    layer = step_costs(m, cluster, plan).layers[m.layer_kinds()[0]]
+    hidden = layer.fwd.paired_hidden_s + layer.bwd.paired_hidden_s
+    assert few - many == pytest.approx(
+        m.layers * hidden * (paired_share(make_plan(m, cluster, global_batch=1024, **kw)) - 0.5)
+    )
 
 
 def test_grouped_gemm_pads_each_expert_to_whole_tiles():

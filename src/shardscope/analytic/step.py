@@ -81,6 +81,7 @@ class PhaseCost:
     attn_block_s: float = 0.0  # compute of a layer's attention half (OpGroup.attn_ops)
     host_stall_s: float = 0.0  # part of compute_s the GPU waits for the host to issue work (costs.host)
     dispatch_exposed_s: float = 0.0  # part of exposed_s in the EP / ETP groups (the MoE dispatch)
+    paired_hidden_s: float = 0.0  # part of hidden_s under the other micro-batch's blocks (combined 1F1B)
 
 
 def _compute_cost(cluster: Cluster, plan: Plan, unit: OpGroup, backward: bool) -> PhaseCost:
@@ -124,18 +125,12 @@ def paired_share(plan: Plan) -> float:
 
 
 def _add_comms(
-    cluster: Cluster,
-    groups: Groups,
-    unit: OpGroup,
-    phase: str,
-    cost: PhaseCost,
-    blocks: dict[str, float],
-    paired: float = 1.0,
+    cluster: Cluster, groups: Groups, unit: OpGroup, phase: str, cost: PhaseCost, blocks: dict[str, float]
 ) -> PhaseCost:
     """Add the unit's collectives of `phase` to `cost`: each hides under what its `hidden_by` names (this
     phase's compute, or one of the other micro-batch's `blocks`) as far as that budget lasts; an all-to-all
-    paired with another micro-batch's block hides only `EP_OVERLAP_FRACTION` of its time, and only in the
-    `paired` share of the micro-batches that have a partner."""
+    paired with another micro-batch's block hides only `EP_OVERLAP_FRACTION` of its time (and only in a
+    micro-batch that has a partner: `paired_share`)."""
     budget = {"attention": cost.attention_s, "gemm": cost.gemm_s, "compute": cost.compute_s, **blocks}
     for c in unit.comms:
         if c.phase != phase:
@@ -143,9 +138,10 @@ def _add_comms(
         t = collective_time_s(cluster, c.kind, c.bytes, getattr(groups, c.group), c.fanout)
         hidden = 0.0
         if c.hidden_by:
-            share = EP_OVERLAP_FRACTION * paired if c.hidden_by in blocks else 1.0
-            hidden = min(share * t, budget[c.hidden_by])
+            paired = c.hidden_by in blocks
+            hidden = min((EP_OVERLAP_FRACTION if paired else 1.0) * t, budget[c.hidden_by])
             budget[c.hidden_by] -= hidden
+            cost.paired_hidden_s += hidden if paired else 0.0
         cost.hidden_s += hidden
         cost.exposed_s += t - hidden
         if c.group in ("ep", "etp"):
@@ -199,7 +195,6 @@ def _layer_cost(
         plan.shard_size,
         plan.expert_dp,
         gather_bytes,
-        paired_share(plan),
     )
     return unit.memoised(key, lambda: _layer_cost_of(cluster, plan, groups, model, kind, unit, gather_bytes))
 
@@ -209,9 +204,8 @@ def _layer_cost_of(
 ) -> LayerCost:
     fwd, bwd = _compute_cost(cluster, plan, unit, False), _compute_cost(cluster, plan, unit, True)
     blocks = _block_times(fwd, bwd)
-    paired = paired_share(plan)
     for phase, cost in (("fwd", fwd), ("bwd", bwd)):
-        _add_comms(cluster, groups, unit, phase, cost, blocks, paired)
+        _add_comms(cluster, groups, unit, phase, cost, blocks)
         _add_host_stall(cluster, plan, unit, phase == "bwd", cost)
     rec_stall = 0.0
     if plan.recompute == "full":
@@ -320,26 +314,33 @@ def layers_cost(sc: StepCosts, model: ModelSpec, plan: Plan, layers: tuple[int, 
     """Per-micro-batch cost of running `layers` (the first `recomputed` of them under full recompute)."""
     st = Stage()
     n_rec = recomputed if plan.recompute == "full" else len(layers)
-    _add_blocks(st, sc, model.kind_counts(layers[:n_rec]), plan.recompute != "none")
-    _add_blocks(st, sc, model.kind_counts(layers[n_rec:]), False)
+    alone = 1.0 - paired_share(plan)
+    _add_blocks(st, sc, model.kind_counts(layers[:n_rec]), plan.recompute != "none", alone)
+    _add_blocks(st, sc, model.kind_counts(layers[n_rec:]), False, alone)
     if layers:
         st.first_gather = sc.layers[sc.graph.kinds[layers[0]]].fsdp_gather_s
     return st
 
 
-def _add_blocks(st: Stage, sc: StepCosts, counts: Mapping[LayerKind, int], recomputed: bool) -> None:
-    """Add `counts` blocks of each kind to `st` (with their recompute when `recomputed`)."""
+def _add_blocks(
+    st: Stage, sc: StepCosts, counts: Mapping[LayerKind, int], recomputed: bool, alone: float = 0.0
+) -> None:
+    """Add `counts` blocks of each kind to `st` (with their recompute when `recomputed`); in the `alone`
+    share of micro-batches (no partner in the combined-1F1B overlap) the paired all-to-alls are exposed."""
     for kind, n in counts.items():
         c = sc.layers[kind]
         rec = c.recompute_s if recomputed else 0.0
         rec_comm = c.recompute_comm_s if recomputed else 0.0
+        unpaired_fwd, unpaired_bwd = alone * c.fwd.paired_hidden_s, alone * c.bwd.paired_hidden_s
         st.compute += n * (c.fwd.compute_s + c.bwd.compute_s + rec)
         st.recompute += n * rec
-        st.exposed += n * (c.fwd.exposed_s + c.bwd.exposed_s + rec_comm + c.fsdp_exposed_s)
-        st.hidden += n * (c.fwd.hidden_s + c.bwd.hidden_s + c.fsdp_hidden_s)
+        st.exposed += n * (
+            c.fwd.exposed_s + c.bwd.exposed_s + rec_comm + c.fsdp_exposed_s + unpaired_fwd + unpaired_bwd
+        )
+        st.hidden += n * (c.fwd.hidden_s + c.bwd.hidden_s + c.fsdp_hidden_s - unpaired_fwd - unpaired_bwd)
         st.fwd += n * c.fwd.compute_s
         st.bwd += n * (c.bwd.compute_s + rec)
-        st.fwd_exposed += n * (c.fwd.exposed_s + (c.fsdp_exposed_s / 2))
+        st.fwd_exposed += n * (c.fwd.exposed_s + unpaired_fwd + (c.fsdp_exposed_s / 2))
         st.wgrad += n * c.wgrad_s
         st.host_stall += n * (c.fwd.host_stall_s + c.bwd.host_stall_s + (c.recompute_stall_s if recomputed else 0.0))
 
@@ -358,7 +359,7 @@ def mtp_cost(sc: StepCosts, model: ModelSpec, plan: Plan) -> Stage:
     if not (plan.mtp and model.mtp_layers):
         return st
     n = model.mtp_layers
-    _add_blocks(st, sc, {model.mtp_kind: n}, plan.recompute != "none")
+    _add_blocks(st, sc, {model.mtp_kind: n}, plan.recompute != "none", 1.0 - paired_share(plan))
     st.compute += n * (sc.mtp_fwd.compute_s + sc.mtp_bwd.compute_s)
     st.exposed += n * (sc.mtp_fwd.exposed_s + sc.mtp_bwd.exposed_s)
     st.host_stall += n * (sc.mtp_fwd.host_stall_s + sc.mtp_bwd.host_stall_s)
