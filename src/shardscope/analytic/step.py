@@ -25,6 +25,7 @@ from shardscope.costs.memory import (
     dense_params_local,
     expert_params_local,
     layers_saved_bytes,
+    mtp_heads,
     rank_params_local,
     rank_state_bytes,
 )
@@ -343,12 +344,6 @@ def _add_blocks(
         st.fwd_exposed += n * (c.fwd.exposed_s + unpaired_fwd + (c.fsdp_exposed_s / 2))
         st.wgrad += n * c.wgrad_s
         st.host_stall += n * (c.fwd.host_stall_s + c.bwd.host_stall_s + (c.recompute_stall_s if recomputed else 0.0))
-
-
-def mtp_heads(model: ModelSpec, plan: Plan) -> int:
-    """Output layers + cross-entropies the loss chunk runs per micro-batch beyond the main one: one per
-    trained MTP module (Megatron-Core's `process_mtp_loss` runs them all where the loss is)."""
-    return model.mtp_layers if plan.mtp else 0
 
 
 def mtp_cost(sc: StepCosts, model: ModelSpec, plan: Plan) -> Stage:

@@ -110,6 +110,12 @@ def mtp_params_local(model: ModelSpec, plan: Plan) -> tuple[float, float]:
     return model.mtp_layers * dense, model.mtp_layers * expert_params_local(model, kind, plan.ep, plan.etp)
 
 
+def mtp_heads(model: ModelSpec, plan: Plan) -> int:
+    """Output layers + cross-entropies the loss chunk runs per micro-batch beyond the main one: one per
+    trained MTP module (Megatron-Core's `process_mtp_loss` runs them all where the loss is)."""
+    return model.mtp_layers if plan.mtp else 0
+
+
 def mtp_saved_bytes(model: ModelSpec, plan: Plan, graph: StageGraph) -> float:
     """Activations one micro-batch's MTP modules save on their rank: their own ops and their block under
     the plan's recompute (their output layers save with the loss's)."""
@@ -210,10 +216,9 @@ def activation_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int
     if stage == 0:
         saved += graph.embedding.saved_bytes(plan.recompute) * chunks
     if stage == plan.pp - 1:  # the last stage runs each micro-batch's backward at once
-        heads = 1 + (model.mtp_layers if plan.mtp else 0)
-        saved += heads * graph.head.saved_bytes(plan.recompute)
+        saved += (1 + mtp_heads(model, plan)) * graph.head.saved_bytes(plan.recompute)
     if stage == plan.mtp_rank:
-        chunk = plan.mtp_chunk % (plan.pp * plan.vpp)
+        chunk = plan.mtp_chunk_index
         alive = 1 if chunk == plan.pp * plan.vpp - 1 else chunk_inflight(plan, stage, chunk // plan.pp)
         saved += alive * mtp_saved_bytes(model, plan, graph)
     ffn = max(model.ffn_hidden, model.moe.expert_ffn * model.moe.top_k if model.moe else 0)

@@ -93,9 +93,14 @@ class Plan:
             object.__setattr__(self, "cuda_graphs", cuda_graph_scopes(self.cuda_graphs))
 
     @property
+    def mtp_chunk_index(self) -> int:
+        """`mtp_chunk` counted from the first of the pp·vpp model chunks (-1: the last)."""
+        return self.mtp_chunk % (self.pp * self.vpp)
+
+    @property
     def mtp_rank(self) -> int:
         """Pipeline rank that runs the MTP modules' blocks (chunk c runs on rank c mod pp)."""
-        return (self.mtp_chunk % (self.pp * self.vpp)) % self.pp
+        return self.mtp_chunk_index % self.pp
 
     def stage_layers(self, layers: int) -> int:
         """Layers on the most-loaded pipeline rank."""

@@ -30,14 +30,13 @@ from shardscope.analytic.step import (
     make_estimate,
     memory_breakdown,
     mtp_cost,
-    mtp_heads,
     optimizer_time_s,
     rank_memory,
     stage_cost,
     step_costs,
 )
 from shardscope.costs.compute import group_times_s
-from shardscope.costs.memory import layers_saved_bytes, mtp_saved_bytes
+from shardscope.costs.memory import layers_saved_bytes, mtp_heads, mtp_saved_bytes
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan, chunk_sizes
@@ -150,8 +149,8 @@ def _chunk_cost(
         mtp_fwd, mtp_bwd = _forward_backward_s(mtp_cost(sc, model, plan), sc.slowdown)
         fwd += mtp_fwd
         bwd += mtp_bwd
-    if last:  # the output layer and loss, once more for each MTP module
-        heads = 1 + mtp_heads(model, plan)
+    heads = 1 + mtp_heads(model, plan)  # the output layer and loss, once more for each MTP module
+    if last:
         fwd += heads * (sc.head_fwd.compute_s + sc.head_fwd.exposed_s)
         bwd += heads * (sc.head_bwd.compute_s + sc.head_bwd.exposed_s)
     wgrad = st.wgrad if split_w else 0.0
@@ -161,7 +160,7 @@ def _chunk_cost(
     if with_mtp:
         policy_act += mtp_saved_bytes(model, plan, sc.graph)
     if last:
-        policy_act += (1 + mtp_heads(model, plan)) * sc.graph.head.saved_bytes(plan.recompute)
+        policy_act += heads * sc.graph.head.saved_bytes(plan.recompute)
     return ChunkCost(layers, fwd, bwd - wgrad, wgrad, policy_act)
 
 
@@ -184,7 +183,7 @@ def simulate_step(
     firsts = {c for c in range(n_chunks) if layout.prev(c) is None}
     lasts = {c for c in range(n_chunks) if layout.next(c) is None}
     # the MTP modules' chunk: the plan's when the schedule keeps Megatron's pp·vpp chunks, else the loss's
-    mtps = {plan.mtp_chunk % n_chunks} if n_chunks == plan.pp * plan.vpp else lasts
+    mtps = {plan.mtp_chunk_index} if n_chunks == plan.pp * plan.vpp else lasts
     chunks = [
         _chunk_cost(
             sc,
