@@ -314,7 +314,6 @@ def report(
     """Search the plans and write a self-contained interactive HTML report."""
     from shardscope.hardware.catalog import make_cluster
     from shardscope.models.catalog import load_model
-    from shardscope.plan.plan import cuda_graph_scopes
     from shardscope.planner.search import search
     from shardscope.planner.space import SearchSpace
     from shardscope.report.html import write_report
@@ -324,7 +323,7 @@ def report(
         spec = load_model(model)
         cluster = make_cluster(gpu, gpus)
         space = SearchSpace(
-            cuda_graphs=cuda_graph_scopes(cuda_graphs),
+            cuda_graphs=cuda_graphs,
             fused_activation=fused_activation,
             fused_cross_entropy=fused_cross_entropy,
         )

@@ -10,7 +10,6 @@ from pathlib import Path
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import make_cluster
 from shardscope.models.catalog import load_model
-from shardscope.plan.plan import cuda_graph_scopes
 from shardscope.planner.cost import parse_tokens, training_cost
 from shardscope.planner.export import FORMATS
 from shardscope.planner.export import export as export_plan
@@ -80,7 +79,7 @@ def run_plan_command(
     if precision == "fp8":
         cluster.gpu.peak_tflops("fp8")
     space = SearchSpace(
-        cuda_graphs=cuda_graph_scopes(cuda_graphs),
+        cuda_graphs=cuda_graphs,
         fused_activation=fused_activation,
         fused_cross_entropy=fused_cross_entropy,
     )

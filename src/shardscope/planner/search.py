@@ -19,7 +19,7 @@ from shardscope.costs.memory import GIB, buffer_bytes, rank_state_bytes
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
-from shardscope.plan.plan import Plan, cuda_graph_scopes, make_plan
+from shardscope.plan.plan import Plan, make_plan
 from shardscope.planner.space import RECOMPUTE_LEVELS, SearchSpace, structures
 from shardscope.result import Estimate
 
@@ -137,7 +137,6 @@ def search(
     if objective not in OBJECTIVES:
         raise ShardscopeError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     space = space or SearchSpace()
-    cuda_graph_scopes(space.cuda_graphs)  # a bad scope is an error here, not a search with no plan
     todo = list(structures(model, cluster, global_batch, seq_len, space))
     if not todo:
         raise ShardscopeError(

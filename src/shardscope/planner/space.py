@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
+from shardscope.plan.plan import cuda_graph_scopes
 
 SHARDINGS: dict[str, dict] = {
     "ddp": {"zero": 0},
@@ -43,9 +44,14 @@ class SearchSpace:
     max_tp: int = 8
     max_cp: int = 32
     min_tokens_per_cp_rank: int = 1024
-    cuda_graphs: tuple[str, ...] = ()  # CUDA-graphed scopes every plan runs with (() = eager)
+    cuda_graphs: tuple[str, ...] | str = ()  # CUDA-graphed scopes of every plan (() = eager), "attn,moe" or a tuple
     fused_activation: bool = False  # every plan runs Megatron-Core's fused SwiGLU
     fused_cross_entropy: bool = False  # every plan runs a fused cross-entropy kernel
+
+    def __post_init__(self) -> None:
+        # "attn,moe_router" as `--cuda-graphs` gives it, or a tuple: checked here, so that a bad scope is
+        # an error before the search rather than a search with no plan (as `Plan` does)
+        object.__setattr__(self, "cuda_graphs", cuda_graph_scopes(self.cuda_graphs))
 
 
 def _pow2_upto(n: int) -> list[int]:
