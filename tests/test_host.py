@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from published_runs import published_case  # tests/ is on the path (conftest)
 
 import shardscope
 from shardscope.costs.host import GEMM_CALL_S, LAUNCH_S, TE_MODULE_S, TORCH_GEMM_S, host_stall_s, op_host_s
@@ -215,17 +216,6 @@ def test_recipe_scopes():
     )
 
 
-def _published_case(row_id: str):
-    """The case (model, cluster, plan) of one measured run of `validation/published_moe_runs.csv`."""
-    from pathlib import Path
-
-    from shardscope.validate.rows import case_from_row
-    from shardscope.validate.runner import read_rows
-
-    path = Path(__file__).resolve().parents[1] / "validation" / "published_moe_runs.csv"
-    return case_from_row(next(r for r in read_rows(path) if r["id"] == row_id))
-
-
 @pytest.mark.xfail(
     strict=True,
     reason="known miss: host time in a real Megatron step exceeds the per-call microbenchmarks "
@@ -238,7 +228,7 @@ def test_partial_cuda_graphs_speed_up_deepseek_v3_on_gb200_as_measured():
     fails loudly once the host model explains it."""
     from shardscope.analytic.step import estimate_step
 
-    case = _published_case("MR-001")
+    case = published_case("MR-001")
     assert set(case.plan.cuda_graphs) == {"attn", "moe_router", "moe_preprocess"}
     graphed = estimate_step(case.model, case.cluster, case.plan).step_time_s
     eager = estimate_step(case.model, case.cluster, replace(case.plan, cuda_graphs=())).step_time_s
@@ -253,7 +243,7 @@ def test_partial_cuda_graphs_do_not_speed_up_the_eager_all_to_all_run_as_measure
     model that made this run launch-bound would fail here."""
     from shardscope.analytic.step import estimate_step
 
-    eager, graphed = (_published_case(i) for i in ("QB-001", "QB-002"))
+    eager, graphed = (published_case(i) for i in ("QB-001", "QB-002"))
     assert eager.plan.cuda_graphs == () and graphed.plan.cuda_graphs == ("attn", "moe_router", "moe_preprocess")
     t_eager = estimate_step(eager.model, eager.cluster, eager.plan).step_time_s
     t_graphed = estimate_step(graphed.model, graphed.cluster, graphed.plan).step_time_s
@@ -270,7 +260,7 @@ def test_the_dispatcher_sync_idles_the_gpu_only_without_the_ep_overlap_as_measur
     the measured 3.72 s within a factor of two."""
     from shardscope.analytic.step import estimate_step
 
-    off, on = (_published_case(i) for i in ("QA-001", "QA-002"))
+    off, on = (published_case(i) for i in ("QA-001", "QA-002"))
     est_off, est_on = (estimate_step(c.model, c.cluster, c.plan) for c in (off, on))
     assert 0.0 < est_off.time.host_stall_s <= 24.71 - 22.82
     assert est_on.time.host_stall_s == 0.0

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
-from pathlib import Path
 
 import pytest
+from published_runs import PUBLISHED_MOE_RUNS, published_case  # tests/ is on the path (conftest)
 from typer.testing import CliRunner
 
 from shardscope.cli import app
@@ -152,9 +152,6 @@ def test_measured_runs_fit(public_report):
     assert {"MB-035", "MB-045", "MB-051", "MB-057", "MB-083"}.isdisjoint(over)  # fit once the SwiGLU is fused
 
 
-PUBLISHED_MOE_RUNS = Path(__file__).resolve().parents[1] / "validation" / "published_moe_runs.csv"
-
-
 def test_published_moe_runs_carry_their_stated_settings():
     """The measured MoE runs of `validation/published_moe_runs.csv` take the settings their sources state
     (`published_runs.yaml`): every row is predicted, and each plan has its run's dispatcher, overlap, CUDA
@@ -197,9 +194,8 @@ def test_kernels_per_step_match_the_nsight_count_of_the_qwen3_ab():
     measured step's."""
     from shardscope.costs.compute import op_kernels
     from shardscope.graph.build import build_stage_graph
-    from shardscope.validate.rows import case_from_row
 
-    case = case_from_row({r["id"]: r for r in read_rows(PUBLISHED_MOE_RUNS)}["QA-001"])
+    case = published_case("QA-001")
     plan = case.plan
     graph = build_stage_graph(case.model, plan, case.cluster.gpu.arch)
 
