@@ -55,13 +55,13 @@ def _errors() -> dict[tuple[str, str, str, int], float]:
 
 
 def test_dispatcher_latency_matches_megatron_core_table_7():
-    """All 32 measurements within 18%, their mean absolute error under 7% (the flat all-to-all on GB200
-    at 72% of NVLink 5, `A2A_SCALEUP_EFFICIENCY`; at the ring collectives' 80% it was 22% fast at EP 64
-    and the mean 6.8%)."""
+    """All 32 measurements within 15%, their mean absolute error under 6% (all-to-all traffic on GB200 at
+    72% of NVLink 5 for both dispatchers, `A2A_SCALEUP_EFFICIENCY`; at the ring collectives' 80% the flat
+    one was 22% fast at EP 64, HybridEP 14% fast at EP 16, and the mean 6.8%)."""
     errors = _errors()
     worst = max(errors, key=lambda k: abs(errors[k]))
-    assert abs(errors[worst]) < 0.18, (worst, errors[worst])
-    assert sum(abs(e) for e in errors.values()) / len(errors) < 0.07
+    assert abs(errors[worst]) < 0.15, (worst, errors[worst])
+    assert sum(abs(e) for e in errors.values()) / len(errors) < 0.06
 
 
 def test_hybridep_across_nodes_needs_the_group_limit():
@@ -121,11 +121,13 @@ def _hybridep_errors() -> dict[tuple[str, int, str], float]:
 
 
 def test_hierarchical_dispatch_against_hybridep_kernel_benchmarks():
-    """HybridEP's kernel-only times are longer than the model's: by 3-4% across 4 and 8 H100 nodes, by
-    20-30% across 2 (where the NVLink fan-out is as long as the InfiniBand transfer) and by 8-26% inside
-    NVLink domains (its 16 SMs reach 60-70% of NVLink; Table 7 above, at Megatron's settings, matches
-    80%). The model is never slower than the kernels, within 32% of all 18 and 16% on average."""
+    """HybridEP's kernel-only times against the model: 3-4% longer across 4 and 8 H100 nodes, 20-30%
+    across 2 (where the NVLink fan-out is as long as the InfiniBand transfer), and -2..+18% inside
+    Blackwell NVLink domains, where the model prices all-to-all traffic at 72% of NVLink 5 for both
+    dispatchers (`A2A_SCALEUP_EFFICIENCY`; at the ring collectives' 80% every one was 8-26% longer).
+    Within 32% of all 18 and 10% on average; the model is never more than 5% slower than a kernel."""
     errors = _hybridep_errors()
-    assert all(-0.32 < e < 0.0 for e in errors.values()), errors
-    assert sum(abs(e) for e in errors.values()) / len(errors) < 0.17
+    assert all(-0.32 < e < 0.05 for e in errors.values()), errors
+    assert sum(abs(e) for e in errors.values()) / len(errors) < 0.10
     assert max(abs(errors[("H100", n, s)]) for n in (32, 64) for s in ("dispatch", "combine")) < 0.05
+    assert all(e > -0.20 for (gpu, _, _), e in errors.items() if gpu != "H100")

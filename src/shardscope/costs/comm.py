@@ -24,12 +24,14 @@ from shardscope.hardware.catalog import Cluster
 
 SCALEUP_EFFICIENCY = 0.80
 SCALEOUT_EFFICIENCY = 0.90
-# NCCL's all-to-all (grouped point-to-point sends, a few channels per peer) over NVLink 5 gets less of the
-# link than ring collectives do. Megatron-Core MoE report (arXiv 2603.07685, Table 7): the flat dispatch and
-# combine of 4096 top-8 tokens of 7168 BF16 values take 735-930 us at EP 8-64 on GB200 NVL72, which our
-# permute kernel plus all-to-all matches (within -14..+4%) at 72% of NVLink; on 8 H100s (NVLink 4) the
-# ring figure already lands within 5%. Dispatchers that write over NVLink from their own kernels (DeepEP,
-# HybridEP) keep `SCALEUP_EFFICIENCY` (same table).
+# All-to-all traffic over NVLink 5 gets less of the link than ring collectives do, from either dispatcher.
+# NCCL's all-to-all (grouped point-to-point sends, a few channels per peer): Megatron-Core MoE report
+# (arXiv 2603.07685, Table 7), the flat dispatch and combine of 4096 top-8 tokens of 7168 BF16 values take
+# 735-930 us at EP 8-64 on GB200 NVL72, which our permute kernel plus all-to-all matches (within -14..+4%)
+# at 72% of NVLink. HybridEP's copy kernels (a few dozen SMs): the same table's HybridEP rows on GB200 are
+# then within -6..+11% (at 80%: -14..+1%), and HybridEP's own kernel-only benchmarks on B200 and GB200
+# (DeepEP hybrid-ep docs/README_Hybrid-EP.md) within -18..+2% (at 80%: -26..-8%). On 8 H100s (NVLink 4)
+# the ring figure already lands within 5% for the flat dispatcher and 14% for HybridEP.
 A2A_SCALEUP_EFFICIENCY = {"blackwell": 0.72}
 
 
@@ -103,13 +105,12 @@ def collective_time_s(
         return min(ring, tree)
     if kind == "all_to_all":
         alpha = cluster.scaleup_latency_s if group.intra else cluster.scaleout_latency_s
-        up = cluster.scaleup_gbps * 1e9 * SCALEUP_EFFICIENCY
+        nvlink = cluster.scaleup_gbps * 1e9 * A2A_SCALEUP_EFFICIENCY.get(cluster.gpu.arch, SCALEUP_EFFICIENCY)
         out = cluster.scaleout_gbps * 1e9 * SCALEOUT_EFFICIENCY
         if fanout is not None:  # `nbytes` holds k copies of each token
             remote, local = dispatch_copies(fanout, group)
             token_bytes = nbytes / fanout.top_k
-            return max(remote * token_bytes / out, local * token_bytes / up) + alpha
-        nvlink = cluster.scaleup_gbps * 1e9 * A2A_SCALEUP_EFFICIENCY.get(cluster.gpu.arch, SCALEUP_EFFICIENCY)
+            return max(remote * token_bytes / out, local * token_bytes / nvlink) + alpha
         if not group.intra:  # only the off-domain share crosses the fabric, one NIC per GPU
             remote = (n - group.per_domain) / n * nbytes
             local = (group.per_domain - 1) / n * nbytes
