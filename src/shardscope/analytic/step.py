@@ -346,6 +346,14 @@ def _add_blocks(
         st.host_stall += n * (c.fwd.host_stall_s + c.bwd.host_stall_s + (c.recompute_stall_s if recomputed else 0.0))
 
 
+def _add_unit(st: Stage, fwd: PhaseCost, bwd: PhaseCost, n: int = 1) -> None:
+    """Add `n` forward and backward runs of a unit that pairs with no other micro-batch (embedding, head,
+    an MTP module's own ops) to the stage's compute, exposed communication and host wait."""
+    st.compute += n * (fwd.compute_s + bwd.compute_s)
+    st.exposed += n * (fwd.exposed_s + bwd.exposed_s)
+    st.host_stall += n * (fwd.host_stall_s + bwd.host_stall_s)
+
+
 def mtp_cost(sc: StepCosts, model: ModelSpec, plan: Plan) -> Stage:
     """Per-micro-batch cost of the MTP modules on their pipeline rank (`Plan.mtp_rank`; DeepSeek-V3 §2.2):
     each runs its embedding lookup, two norms and the 2h→h projection (`graph.mtp`) and one more block of
@@ -355,9 +363,7 @@ def mtp_cost(sc: StepCosts, model: ModelSpec, plan: Plan) -> Stage:
         return st
     n = model.mtp_layers
     _add_blocks(st, sc, {model.mtp_kind: n}, plan.recompute != "none", 1.0 - paired_share(plan))
-    st.compute += n * (sc.mtp_fwd.compute_s + sc.mtp_bwd.compute_s)
-    st.exposed += n * (sc.mtp_fwd.exposed_s + sc.mtp_bwd.exposed_s)
-    st.host_stall += n * (sc.mtp_fwd.host_stall_s + sc.mtp_bwd.host_stall_s)
+    _add_unit(st, sc.mtp_fwd, sc.mtp_bwd, n)
     st.fwd += n * sc.mtp_fwd.compute_s
     st.bwd += n * sc.mtp_bwd.compute_s
     st.fwd_exposed += n * sc.mtp_fwd.exposed_s
@@ -380,9 +386,7 @@ def stage_cost(sc: StepCosts, model: ModelSpec, plan: Plan, rank: int) -> Stage:
         st.recompute += mtp.recompute
         st.host_stall += mtp.host_stall
     for fwd, bwd in ends:
-        st.compute += fwd.compute_s + bwd.compute_s
-        st.exposed += fwd.exposed_s + bwd.exposed_s
-        st.host_stall += fwd.host_stall_s + bwd.host_stall_s
+        _add_unit(st, fwd, bwd)
     st.exposed += 2 * plan.vpp * sc.p2p_s  # activations / gradients to and from the neighbouring stages
     if plan.offload_activations:  # copies to the host under forward and back under backward
         saved = layers_saved_bytes(model, plan, sc.graph, layers, plan.recomputed_layers(len(layers)))
