@@ -9,6 +9,8 @@ Our figure is the permute (or un-permute) kernel plus the all-to-all of the disp
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from shardscope.analytic.step import place_groups
@@ -23,12 +25,12 @@ from shardscope.plan.plan import make_plan
 EPS = (8, 16, 32, 64)
 # (gpu, dispatcher, step): microseconds at EP 8, 16, 32, 64
 TABLE_7_US = {
-    ("GB200", "hierarchical", "dispatch"): (391, 578, 612, 675),
-    ("GB200", "hierarchical", "combine"): (353, 527, 646, 744),
+    ("GB200", "hybridep", "dispatch"): (391, 578, 612, 675),
+    ("GB200", "hybridep", "combine"): (353, 527, 646, 744),
     ("GB200", "flat", "dispatch"): (735, 743, 769, 930),
     ("GB200", "flat", "combine"): (741, 765, 758, 827),
-    ("H100", "hierarchical", "dispatch"): (661, 1485, 3064, 4626),
-    ("H100", "hierarchical", "combine"): (624, 1688, 3088, 4398),
+    ("H100", "hybridep", "dispatch"): (661, 1485, 3064, 4626),
+    ("H100", "hybridep", "combine"): (624, 1688, 3088, 4398),
     ("H100", "flat", "dispatch"): (1265, 5774, 8059, 9164),
     ("H100", "flat", "combine"): (1277, 5628, 7815, 8727),
 }
@@ -70,12 +72,12 @@ def test_hybridep_across_nodes_needs_the_group_limit():
     EP 32 and 64; without it (any 8 of 256 experts) it overshoots by more than 15%."""
     from dataclasses import replace
 
-    measured = dict(zip(EPS, TABLE_7_US[("H100", "hierarchical", "dispatch")], strict=True))
+    measured = dict(zip(EPS, TABLE_7_US[("H100", "hybridep", "dispatch")], strict=True))
     model = load_model("deepseek-v3")
     unlimited = replace(model, moe=replace(model.moe, groups=1, groups_per_token=1))
     for ep in (32, 64):
-        assert predicted_us("H100", "hierarchical", "dispatch", ep) == pytest.approx(measured[ep], rel=0.10)
-        assert predicted_us("H100", "hierarchical", "dispatch", ep, unlimited) > 1.15 * measured[ep]
+        assert predicted_us("H100", "hybridep", "dispatch", ep) == pytest.approx(measured[ep], rel=0.10)
+        assert predicted_us("H100", "hybridep", "dispatch", ep, unlimited) > 1.15 * measured[ep]
 
 
 # DeepEP `hybrid-ep` branch, docs/README_Hybrid-EP.md ("Performance Results", kernel-only columns):
@@ -131,3 +133,41 @@ def test_hierarchical_dispatch_against_hybridep_kernel_benchmarks():
     assert sum(abs(e) for e in errors.values()) / len(errors) < 0.10
     assert max(abs(errors[("H100", n, s)]) for n in (32, 64) for s in ("dispatch", "combine")) < 0.05
     assert all(e > -0.20 for (gpu, _, _), e in errors.items() if gpu != "H100")
+
+
+def _dispatcher_comms(dispatch: str) -> dict[tuple[str, str], float]:
+    from published_runs import published_case
+
+    case = published_case("QA-002")
+    plan = dataclasses.replace(case.plan, ep_dispatch=dispatch)
+    layer = next(
+        u for k, u in build_stage_graph(case.model, plan, case.cluster.gpu.arch).layers.items() if k.mlp == "moe"
+    )
+    groups = place_groups(case.cluster, plan)
+    return {
+        (c.name, c.phase): collective_time_s(case.cluster, c.kind, c.bytes, getattr(groups, c.group), c.fanout)
+        for c in layer.comms
+    }
+
+
+def test_each_dispatcher_issues_its_own_metadata_collectives():
+    """Megatron's all-to-all dispatcher all-gathers the token counts and sends the routing weights by an
+    all-to-all of their own (forward and backward); HybridEP all-gathers the boolean routing map; DeepEP
+    sends the weights with the tokens. On the Qwen3-30B-A3B A/B (16 H100, EP 16 over 2 nodes) the routing-
+    map all-gather (8.4 MB) must fit in the measured HybridEP metadata-preprocess NVTX range with the
+    overlap on, 0.670 s over 3,072 forward calls = 0.218 ms, which also holds its kernel and the host's
+    wait for the token counts (Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md)."""
+    flat, deepep, hybridep = (_dispatcher_comms(d) for d in ("flat", "deepep", "hybridep"))
+    a2as = {("ep dispatch all-to-all", p) for p in ("fwd", "bwd")} | {
+        ("ep combine all-to-all", p) for p in ("fwd", "bwd")
+    }
+    assert set(deepep) == a2as
+    assert set(flat) == a2as | {
+        ("ep token-count all-gather", "fwd"),
+        ("ep routing-weight all-to-all", "fwd"),
+        ("ep routing-weight all-to-all", "bwd"),
+    }
+    assert set(hybridep) == a2as | {("ep routing-map all-gather", "fwd")}
+    assert 0.05e-3 < hybridep[("ep routing-map all-gather", "fwd")] < 0.670 / 3072
+    # the weights (4 bytes per token-expert pair) cost less than a tenth of the tokens (2 x 2048 bytes)
+    assert flat[("ep routing-weight all-to-all", "fwd")] < 0.1 * flat[("ep dispatch all-to-all", "fwd")]

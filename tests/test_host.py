@@ -68,7 +68,7 @@ def test_a_deepep_or_hybridep_dispatch_call_is_host_time_after_the_sync():
     ops = (Op("kernel", "memory"), Op("permute", "memory", host_sync=True), LOOP)
     times = (1.0, 0.0, 0.0)
     loop = op_host_s(LOOP, False, Plan())
-    flat, hierarchical = Plan(ep=8), Plan(ep=8, ep_dispatch="hierarchical")
+    flat, hierarchical = Plan(ep=8), Plan(ep=8, ep_dispatch="deepep")
     assert host_stall_s(ops, times, False, flat) == pytest.approx(LAUNCH_S + loop + LAUNCH_S)
     assert host_stall_s(ops, times, False, hierarchical) == pytest.approx(EP_DISPATCH_CALL_S + 2 * LAUNCH_S + loop)
     assert host_stall_s(ops, times, False, replace(hierarchical, ep_comm_overlap=True)) == 0.0

@@ -203,7 +203,7 @@ def test_all_to_all_dispatcher_sorts_chunks_by_local_expert():
     # and the fp32 weights
     assert ops["sort chunks by expert"].bytes == pytest.approx(load * (moved.total + 2 * 4 * rows), rel=1e-9)
     one_per_rank = dataclasses.replace(model, moe=dataclasses.replace(model.moe, experts=8))
-    for m, kw in ((model, dict(ep_dispatch="hierarchical")), (model, dict(ep=1)), (one_per_rank, {})):
+    for m, kw in ((model, dict(ep_dispatch="deepep")), (model, dict(ep=1)), (one_per_rank, {})):
         other = make_plan(m, make_cluster("H100", 8), **(dict(ep=8, global_batch=8, ep_dispatch="flat") | kw))
         graph = build_stage_graph(m, other)
         assert not any("chunks" in op.name for g in graph.layers.values() for op in g.ops), kw

@@ -147,6 +147,9 @@ def test_megatron_flags_for_moe_and_fp8():
     assert "--expert-model-parallel-size" in args and args[args.index("--expert-model-parallel-size") + 1] == "64"
     assert args[args.index("--fp8-recipe") + 1] == "blockwise" and "--use-distributed-optimizer" in args
     assert "--cuda-graph-impl" not in args  # eager
+    assert args[args.index("--moe-token-dispatcher-type") + 1] == "alltoall"
+    hybridep = to_megatron(m, dataclasses.replace(plan, ep_dispatch="hybridep"))
+    assert hybridep[hybridep.index("--moe-flex-dispatcher-backend") + 1] == "hybridep"
     graphed = to_megatron(m, dataclasses.replace(plan, cuda_graphs=("attn", "moe_router")))
     assert graphed[graphed.index("--cuda-graph-impl") :][:4] == [
         "--cuda-graph-impl",

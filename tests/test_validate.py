@@ -164,7 +164,7 @@ def test_published_moe_runs_carry_their_stated_settings():
     assert (mr3.pp, mr3.vpp, mr3.mtp, mr3.mtp_chunk, mr3.mtp_rank) == (8, 4, True, 30, 6)
     assert mr3.pp_layout[-2:] == (0, 0) and sum(mr3.pp_layout) == 61
     dsv3 = published_case("MR-001").plan
-    assert (dsv3.fp8_recipe, dsv3.ep_dispatch, dsv3.ep_comm_overlap) == ("mxfp8", "hierarchical", False)
+    assert (dsv3.fp8_recipe, dsv3.ep_dispatch, dsv3.ep_comm_overlap) == ("mxfp8", "hybridep", False)
     assert dsv3.cuda_graphs == ("attn", "moe_router", "moe_preprocess") and dsv3.offload_optimizer
     assert dsv3.recompute_modules == ("mlp",) and len(dsv3.pp_layout) == 16
     off, on = (published_case(i).plan for i in ("QA-001", "QA-002"))

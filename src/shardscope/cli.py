@@ -91,7 +91,9 @@ def estimate(
     capacity_factor: Annotated[float, typer.Option(help="expert capacity factor (0 = dropless)")] = 0.0,
     mtp: Annotated[bool, typer.Option(help="train the multi-token-prediction modules (DeepSeek-V3)")] = False,
     ep_comm_overlap: Annotated[bool, typer.Option(help="hide EP all-to-alls under another micro-batch")] = False,
-    ep_dispatch: Annotated[str, typer.Option(help="flat | hierarchical (one copy per node: DeepEP)")] = "flat",
+    ep_dispatch: Annotated[
+        str, typer.Option(help="flat (NCCL all-to-all) | deepep | hybridep (one copy per node)")
+    ] = "flat",
     fsdp_prefetch: Annotated[int, typer.Option(help="FSDP layers gathered ahead (0 = no overlap)")] = 1,
     cuda_graphs: CudaGraphs = "",
     fused_activation: FusedActivation = False,

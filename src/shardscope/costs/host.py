@@ -96,7 +96,7 @@ def dispatch_call_s(plan: Plan) -> float:
     """Host time of the forward dispatch call after the sync (`EP_DISPATCH_CALL_S`): DeepEP/HybridEP
     (hierarchical dispatch) in an eager MoE layer; NCCL's all-to-all dispatcher launches its copies from
     the memory ops of the graph."""
-    return EP_DISPATCH_CALL_S if plan.ep > 1 and plan.ep_dispatch == "hierarchical" and syncs(plan) else 0.0
+    return EP_DISPATCH_CALL_S if plan.ep > 1 and plan.ep_dispatch != "flat" and syncs(plan) else 0.0
 
 
 def queue_idle_s(host: list[float], gpu: list[float]) -> float:

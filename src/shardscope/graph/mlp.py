@@ -25,13 +25,14 @@ from shardscope.graph.common import (
     tagged,
     tp_collectives,
 )
-from shardscope.graph.ops import Collective, HiddenBy, Op, Phase, Saved, TokenFanout
+from shardscope.graph.ops import Collective, CollectiveKind, HiddenBy, Op, Phase, Saved, TokenFanout
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan
 
 # Kernels of Megatron-Core's router per phase with `moe_router_fusion` (gating, score function, top-k,
 # auxiliary loss): 31, down from 72 unfused (Megatron-LM DeepSeek-V3 GB200 optimisation guide).
 ROUTER_KERNELS = 31
+INT64 = 8
 
 
 def _glu_clamp(name: str, values: float) -> Op:
@@ -156,9 +157,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     ops.append(Op("permute", "memory", bytes=moved, bwd_bytes=moved, scope="moe_preprocess", host_sync=dropless))
     dispatch = load * perm
     fanout = (
-        TokenFanout(moe.experts, moe.top_k, moe.groups, moe.groups_per_token)
-        if plan.ep_dispatch == "hierarchical"
-        else None
+        TokenFanout(moe.experts, moe.top_k, moe.groups, moe.groups_per_token) if plan.ep_dispatch != "flat" else None
     )
 
     # Megatron's combined-1F1B schedule (overlap_moe_expert_parallel_comm) runs one micro-batch's forward
@@ -169,8 +168,26 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
         hide: HiddenBy = pair if plan.ep_comm_overlap else ""
         return Collective(f"ep {name} all-to-all", "all_to_all", "ep", dispatch, phase, hide, fanout)
 
+    def beside_dispatch(name: str, kind: CollectiveKind, nbytes: float, phase: Phase) -> Collective:
+        hide: HiddenBy = ("bwd_mlp" if phase == "fwd" else "fwd_mlp") if plan.ep_comm_overlap else ""
+        return Collective(name, kind, "ep", nbytes, phase, hide)
+
     if plan.ep > 1:
         comms += [a2a("dispatch", "fwd", "bwd_mlp"), a2a("dispatch", "bwd", "fwd_mlp")]
+        if plan.ep_dispatch == "flat":
+            # Megatron-Core's all-to-all dispatcher first all-gathers every rank's per-expert token counts
+            # (int64) for the splits, and sends the routing weights (fp32) by their own all-to-all after the
+            # tokens' (backward: their gradients) (`MoEAlltoAllTokenDispatcher.preprocess`/`token_dispatch`).
+            comms += [
+                beside_dispatch("ep token-count all-gather", "all_gather", INT64 * moe.experts * plan.ep, "fwd"),
+                beside_dispatch("ep routing-weight all-to-all", "all_to_all", FP32 * load * tm * moe.top_k, "fwd"),
+                beside_dispatch("ep routing-weight all-to-all", "all_to_all", FP32 * load * tm * moe.top_k, "bwd"),
+            ]
+        elif plan.ep_dispatch == "hybridep":
+            # HybridEP's metadata preprocessing all-gathers the whole boolean routing map (tokens x experts)
+            # over the EP group: NCCL across NVLink domains, its own NVLink kernel inside one (DeepEP
+            # hybrid-ep branch, csrc/hybrid_ep/executor/executor.cu `allgather_routing_map`).
+            comms.append(beside_dispatch("ep routing-map all-gather", "all_gather", tm * moe.experts * plan.ep, "fwd"))
     if plan.etp > 1:
         comms += [
             Collective("etp all-gather tokens", "all_gather", "etp", dispatch * plan.etp, "fwd"),

@@ -24,6 +24,7 @@ RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
 CUDA_GRAPH_SCOPES: tuple[str, ...] = ("attn", "mlp", "moe_router", "moe_preprocess", "moe", "full_iteration")
 MOMENT_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}  # each of Adam's m, v per parameter
 MAIN_GRAD_BYTES = {"fp32": 4, "bf16": 2}
+EP_DISPATCHERS = ("flat", "deepep", "hybridep")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +76,9 @@ class Plan:
     optimizer_moments: Literal["fp32", "bf16", "fp8"] = "fp32"
     main_grads: Literal["fp32", "bf16"] = "fp32"
     offload_activations: float = 0.0  # fraction of saved activations kept in host memory
-    ep_dispatch: Literal["flat", "hierarchical"] = "flat"  # hierarchical: one copy per node (DeepEP/HybridEP)
+    # MoE token dispatcher: NCCL all-to-all (a copy per token-expert pair), or DeepEP / HybridEP (one copy
+    # per destination node, fanned out over NVLink there)
+    ep_dispatch: Literal["flat", "deepep", "hybridep"] = "flat"
     pp_layout: tuple[int, ...] = ()  # decoder layers per model chunk (pp·vpp of them); () = even split
     mtp_chunk: int = -1  # model chunk of the MTP modules (their output layers run with the loss, last chunk)
     # CUDA-graphed scopes (CUDA_GRAPH_SCOPES); () = eager, every op launched by the host
@@ -329,8 +332,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         raise ShardscopeError(f"--offload-activations must be a fraction in [0, 1], got {plan.offload_activations}")
     if plan.fsdp_prefetch < 0:
         raise ShardscopeError(f"--fsdp-prefetch must be >= 0, got {plan.fsdp_prefetch}")
-    if plan.ep_dispatch not in ("flat", "hierarchical"):
-        raise ShardscopeError(f"--ep-dispatch must be flat or hierarchical, got {plan.ep_dispatch!r}")
+    if plan.ep_dispatch not in EP_DISPATCHERS:
+        raise ShardscopeError(f"--ep-dispatch must be one of {', '.join(EP_DISPATCHERS)}, got {plan.ep_dispatch!r}")
     if plan.moe_imbalance < 1 or plan.moe_skew < 0 or plan.capacity_factor < 0:
         raise ShardscopeError("--moe-imbalance must be >= 1, --moe-skew and --capacity-factor >= 0")
     if plan.optimizer_moments not in MOMENT_BYTES:

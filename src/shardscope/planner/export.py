@@ -124,6 +124,10 @@ def to_megatron(model: ModelSpec, plan: Plan) -> list[str]:
         args += ["--cp-comm-type", "p2p" if plan.cp_kind == "ring" else "a2a"]
     if plan.ep > 1 or plan.etp > 1:
         args += ["--expert-model-parallel-size", str(plan.ep), "--expert-tensor-parallel-size", str(plan.etp)]
+    if model.moe is not None:  # the dispatcher the estimate priced
+        flex = plan.ep_dispatch != "flat"
+        args += ["--moe-token-dispatcher-type", "flex" if flex else "alltoall"]
+        args += ["--moe-flex-dispatcher-backend", plan.ep_dispatch] if flex else []
     if plan.sp:
         args.append("--sequence-parallel")
     if plan.fsdp or plan.zero == 3:

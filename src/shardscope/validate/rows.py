@@ -20,8 +20,8 @@ Defaults for blank cells (the frameworks' own recipes, never tuned to a row):
                 overlap, the dispatcher and the pipeline layout from the
                 perf recipe that produced them (`megatron_bridge_recipes.yaml`, read from the repository at
                 the commit that published the row). NCCL `alltoall` sends a copy per token-expert pair
-                (flat); DeepEP / HybridEP send one copy per node (hierarchical). A Megatron row without a
-                recipe gets the flex dispatcher and the overlap wherever Megatron-Core allows it. The
+                (flat); DeepEP / HybridEP send one copy per node. A Megatron row without a recipe gets
+                the flex dispatcher (DeepEP) and the overlap wherever Megatron-Core allows it. The
                 measured runs of `validation/published_moe_runs.csv` take the same settings as their
                 sources state them (`published_runs.yaml`, keyed by row id, each cited).
   MTP           DeepSeek-V3 rows train the MTP module unless the table says "w/o MTP" (the recipe's
@@ -235,12 +235,12 @@ def _moe_settings(row: dict[str, str], recipe: dict | None) -> dict:
     if recipe is not None:
         return {
             "ep_comm_overlap": recipe["ep_comm_overlap"],
-            "ep_dispatch": "flat" if recipe["dispatcher"] == "alltoall" else "hierarchical",
+            "ep_dispatch": "flat" if recipe["dispatcher"] == "alltoall" else recipe["dispatcher"],
             "cuda_graphs": recipe_cuda_graphs(recipe),
         }
     megatron = row.get("source") in MEGATRON_SOURCES
     overlap = megatron and _int(row, "ep", 1) > 1 and (_int(row, "pp", 1) == 1 or _int(row, "vpp", 1) > 1)
-    return {"ep_comm_overlap": overlap, "ep_dispatch": "hierarchical" if megatron else "flat"}
+    return {"ep_comm_overlap": overlap, "ep_dispatch": "deepep" if megatron else "flat"}
 
 
 def case_from_row(row: dict[str, str]) -> RowCase:
