@@ -388,3 +388,33 @@ def test_search_with_fused_activation():
     assert fused.candidates[0].estimate.memory.required_gib <= unfused.candidates[0].estimate.memory.required_gib
     r = runner.invoke(app, ["plan", "llama3.1-8b", "--gpus", "8", "--fused-activation", "--json", "--top", "1"])
     assert r.exit_code == 0 and json.loads(r.stdout)["plans"][0]["plan"]["fused_activation"] is True
+
+
+def test_search_picks_the_moe_dispatcher_and_overlap():
+    """With EP > 1 each structure is timed under the NCCL all-to-all and DeepEP dispatchers, with and
+    without the EP overlap where Megatron-Core allows it, and keeps the fastest: no other setting of the
+    chosen plan's layout estimates faster. Qwen3-30B-A3B on 16 H100 across two nodes: DeepEP's one copy
+    per node wins over the flat all-to-all's eight. Asking for one setting restricts the search to it."""
+    from shardscope.analytic.step import estimate_step
+    from shardscope.planner.space import SearchSpace
+
+    m, c = load_model("qwen3-30b-a3b"), make_cluster("H100", 16)
+    best = search(m, c, 256, 4096).candidates[0]
+    assert best.plan.ep > 1 and best.plan.ep_dispatch == "deepep"
+    allowed = best.plan.recompute != "full" and (best.plan.pp == 1 or best.plan.vpp > 1)
+    assert allowed or not best.plan.ep_comm_overlap
+    for dispatch in ("flat", "deepep"):
+        for overlap in (False, True) if allowed else (False,):
+            other = dataclasses.replace(best.plan, ep_dispatch=dispatch, ep_comm_overlap=overlap)
+            assert estimate_step(m, c, other).step_time_s >= best.estimate.step_time_s * (1 - 1e-9)
+    flat = search(m, c, 256, 4096, space=SearchSpace(ep_dispatches=("flat",), ep_overlaps=(False,)))
+    assert all(x.plan.ep_dispatch == "flat" and not x.plan.ep_comm_overlap for x in flat.candidates)
+    assert flat.candidates[0].estimate.step_time_s > best.estimate.step_time_s
+    r = runner.invoke(
+        app, ["plan", "qwen3-30b-a3b", "--gpus", "16", "--ep-dispatch", "hybridep", "--json", "--top", "1"]
+    )
+    assert r.exit_code == 0, r.stderr
+    chosen = json.loads(r.stdout)["plans"][0]["plan"]
+    assert chosen["ep"] == 1 or chosen["ep_dispatch"] == "hybridep"
+    r = runner.invoke(app, ["plan", "qwen3-30b-a3b", "--gpus", "16", "--ep-dispatch", "nccl"])
+    assert r.exit_code == 2 and "--ep-dispatch" in r.stderr

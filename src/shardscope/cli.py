@@ -203,6 +203,13 @@ def plan(
     cuda_graphs: CudaGraphs = "",
     fused_activation: FusedActivation = False,
     fused_cross_entropy: FusedCrossEntropy = False,
+    ep_dispatch: Annotated[
+        str, typer.Option(help="MoE token dispatcher: auto (try flat and deepep) | flat | deepep | hybridep")
+    ] = "auto",
+    ep_comm_overlap: Annotated[
+        bool | None,
+        typer.Option("--ep-comm-overlap/--no-ep-comm-overlap", help="EP all-to-all overlap (default: try both)"),
+    ] = None,
     workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
     executor: Annotated[str, typer.Option(help="local | ray")] = "local",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
@@ -232,6 +239,8 @@ def plan(
             cuda_graphs=cuda_graphs,
             fused_activation=fused_activation,
             fused_cross_entropy=fused_cross_entropy,
+            ep_dispatch=ep_dispatch,
+            ep_comm_overlap=ep_comm_overlap,
         )
     except ShardscopeError as exc:
         _fail(str(exc))
@@ -311,6 +320,13 @@ def report(
     cuda_graphs: CudaGraphs = "",
     fused_activation: FusedActivation = False,
     fused_cross_entropy: FusedCrossEntropy = False,
+    ep_dispatch: Annotated[
+        str, typer.Option(help="MoE token dispatcher: auto (try flat and deepep) | flat | deepep | hybridep")
+    ] = "auto",
+    ep_comm_overlap: Annotated[
+        bool | None,
+        typer.Option("--ep-comm-overlap/--no-ep-comm-overlap", help="EP all-to-all overlap (default: try both)"),
+    ] = None,
     workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
 ) -> None:
     """Search the plans and write a self-contained interactive HTML report."""

@@ -11,10 +11,10 @@ parallelism, sharding or recompute.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
-from shardscope.analytic.step import RankMemory, estimate_step, rank_memory
+from shardscope.analytic.step import RankMemory, estimate_step, rank_memory, stage_cost, step_costs
 from shardscope.costs.memory import GIB, buffer_bytes, rank_state_bytes
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
@@ -76,7 +76,30 @@ def _fits_memory(model: ModelSpec, cluster: Cluster, plan: Plan) -> bool:
     return True
 
 
-def evaluate_structure(model: ModelSpec, cluster: Cluster, kw: dict, offload_ok: bool = True) -> Candidate | None:
+def moe_variants(plan: Plan, space: SearchSpace) -> Iterator[Plan]:
+    """`plan` under each token dispatcher and EP overlap setting the space allows: the overlap needs
+    EP > 1, no pipeline or an interleaved one, and no full recompute (as Megatron-Core requires)."""
+    if plan.ep == 1:
+        yield plan
+        return
+    overlap_ok = (plan.pp == 1 or plan.vpp > 1) and plan.recompute != "full"
+    for dispatch in space.ep_dispatches:
+        for overlap in space.ep_overlaps:
+            if overlap and not overlap_ok:
+                continue
+            yield replace(plan, ep_dispatch=dispatch, ep_comm_overlap=overlap)
+
+
+def _stage_time_s(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
+    """A middle pipeline rank's time per micro-batch: enough to rank plans that differ only in the MoE
+    dispatcher and overlap (they change every MoE layer alike), at a fraction of a whole estimate."""
+    st = stage_cost(step_costs(model, cluster, plan), model, plan, plan.pp // 2)
+    return st.compute + st.exposed
+
+
+def evaluate_structure(
+    model: ModelSpec, cluster: Cluster, kw: dict, offload_ok: bool = True, space: SearchSpace | None = None
+) -> Candidate | None:
     """The fastest plan of one parallel structure that fits in memory, or None."""
     try:
         base = make_plan(model, cluster, **kw)
@@ -94,10 +117,16 @@ def evaluate_structure(model: ModelSpec, cluster: Cluster, kw: dict, offload_ok:
         # link), so at a recompute level it is the fallback when the plan does not fit without it.
         for off in offload:
             plan = replace(base, recompute=policy, recompute_layers=layers if share < 1 else 0, offload_optimizer=off)
-            if _fits_memory(model, cluster, plan):
-                est = estimate_step(model, cluster, plan)
+            if not _fits_memory(model, cluster, plan):
+                continue
+            # memory does not depend on the MoE dispatcher or overlap: the fastest of them is the plan
+            variants = list(moe_variants(plan, space or SearchSpace()))
+            if len(variants) > 1:
+                variants = [min(variants, key=lambda p: _stage_time_s(model, cluster, p))]
+            for best in variants:
+                est = estimate_step(model, cluster, best)
                 if est.fits and est.memory.required_gib <= cluster.gpu.hbm_gib - HEADROOM_GIB:
-                    return Candidate(plan, est)
+                    return Candidate(best, est)
     return None
 
 
@@ -118,8 +147,8 @@ def _memory_floor_gib(model: ModelSpec, cluster: Cluster, base: Plan, offload: t
 
 
 def _evaluate_chunk(args: tuple) -> list[Candidate]:
-    model, cluster, chunk = args
-    return [c for kw in chunk if (c := evaluate_structure(model, cluster, kw)) is not None]
+    model, cluster, chunk, space = args
+    return [c for kw in chunk if (c := evaluate_structure(model, cluster, kw, space=space)) is not None]
 
 
 def search(
@@ -145,7 +174,7 @@ def search(
     found: list[Candidate] = []
     chunk_size = max(16, len(todo) // (64 * max(workers, 1)))
     chunks = [todo[i : i + chunk_size] for i in range(0, len(todo), chunk_size)]
-    for done, batch in enumerate(_run(chunks, model, cluster, workers, executor), start=1):
+    for done, batch in enumerate(_run(chunks, model, cluster, space, workers, executor), start=1):
         found += batch
         if progress:
             progress(done, len(chunks))
@@ -153,8 +182,10 @@ def search(
     return SearchResult(found, len(todo), len(found), objective)
 
 
-def _run(chunks: list[list[dict]], model: ModelSpec, cluster: Cluster, workers: int, executor: str) -> Iterable:
-    args = [(model, cluster, c) for c in chunks]
+def _run(
+    chunks: list[list[dict]], model: ModelSpec, cluster: Cluster, space: SearchSpace, workers: int, executor: str
+) -> Iterable:
+    args = [(model, cluster, c, space) for c in chunks]
     if executor == "ray":
         try:
             import ray

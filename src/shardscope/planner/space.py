@@ -4,7 +4,9 @@ Axes: tp (divisors of the heads, within the scale-up domain), cp (sequence split
 1,024 tokens per rank), pp (powers of two up to the layer count), vpp (interleaving when pp > 1),
 dp (derived), ep (MoE: divisors of the experts carved out of dp·cp·tp), sharding (DDP, distributed
 optimizer, ZeRO-3, FSDP, FSDP without reshard, HSDP within a node) and micro-batch. Resolved per
-structure by the search: recompute (none, selective, full with 1/4..all layers) and optimizer offload.
+structure by the search: recompute (none, selective, full with 1/4..all layers), optimizer offload and,
+with expert parallelism, the token dispatcher and the EP all-to-all overlap (`ep_dispatches`,
+`ep_overlaps`): they change time, not memory.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
-from shardscope.plan.plan import cuda_graph_scopes
+from shardscope.plan.plan import EP_DISPATCHERS, cuda_graph_scopes
 
 SHARDINGS: dict[str, dict] = {
     "ddp": {"zero": 0},
@@ -24,6 +27,8 @@ SHARDINGS: dict[str, dict] = {
     "fsdp-noreshard": {"fsdp": True, "reshard_after_forward": False},
     "hsdp": {"fsdp": True},  # shard_group set per plan: one node's data-parallel ranks
 }
+# Token dispatchers a MoE plan tries unless one is asked for (`SearchSpace.ep_dispatches`)
+AUTO_EP_DISPATCHES = ("flat", "deepep")
 # Recompute levels tried from cheapest to most memory-saving; the search keeps the first that fits.
 RECOMPUTE_LEVELS: tuple[tuple[str, float], ...] = (
     ("none", 0.0),
@@ -47,11 +52,18 @@ class SearchSpace:
     cuda_graphs: tuple[str, ...] | str = ()  # CUDA-graphed scopes of every plan (() = eager), "attn,moe" or a tuple
     fused_activation: bool = False  # every plan runs Megatron-Core's fused SwiGLU
     fused_cross_entropy: bool = False  # every plan runs a fused cross-entropy kernel
+    # MoE plans with EP > 1 try each dispatcher and overlap setting and keep the fastest. HybridEP is
+    # priced as DeepEP plus its routing-map all-gather, so it is searched only when asked for.
+    ep_dispatches: tuple[str, ...] = AUTO_EP_DISPATCHES
+    ep_overlaps: tuple[bool, ...] = (False, True)
 
     def __post_init__(self) -> None:
         # "attn,moe_router" as `--cuda-graphs` gives it, or a tuple: checked here, so that a bad scope is
         # an error before the search rather than a search with no plan (as `Plan` does)
         object.__setattr__(self, "cuda_graphs", cuda_graph_scopes(self.cuda_graphs))
+        bad = [d for d in self.ep_dispatches if d not in EP_DISPATCHERS]
+        if bad or not self.ep_dispatches or not self.ep_overlaps:
+            raise ShardscopeError(f"--ep-dispatch must be one of {', '.join(EP_DISPATCHERS)} or auto, got {bad}")
 
 
 def _pow2_upto(n: int) -> list[int]:
@@ -118,5 +130,7 @@ def structures(
                                     cuda_graphs=space.cuda_graphs,
                                     fused_activation=space.fused_activation,
                                     fused_cross_entropy=space.fused_cross_entropy,
+                                    ep_dispatch=space.ep_dispatches[0],
+                                    ep_comm_overlap=space.ep_overlaps[0] and ep > 1 and (pp == 1 or vpp > 1),
                                     **kw,
                                 )

@@ -133,7 +133,7 @@ def print_plans(
     for i, c in enumerate(best, 1):
         p, e = c.plan, c.estimate
         layout = f"TP{p.tp} PP{p.pp}" + (f"×{p.vpp}" if p.vpp > 1 else "") + f" CP{p.cp} DP{p.dp}"
-        layout += f" EP{p.ep}" if p.ep > 1 else ""
+        layout += f" EP{p.ep} {p.ep_dispatch}" + (" +overlap" if p.ep_comm_overlap else "") if p.ep > 1 else ""
         rec = p.recompute + (f" {p.recompute_layers}/stage" if p.recompute == "full" and p.recompute_layers else "")
         shard = p.sharding_name.replace(" (no reshard)", "-noreshard") + (" +offload" if p.offload_optimizer else "")
         table.add_row(
