@@ -37,6 +37,14 @@ FusedCrossEntropy = Annotated[
     bool,
     typer.Option(help="fused cross-entropy kernel: no fp32 copy of the logits (default: unfused, fp32 upcast)"),
 ]
+# The planner's MoE choices: searched unless fixed
+EpDispatchChoice = Annotated[
+    str, typer.Option(help="MoE token dispatcher: auto (try flat and deepep) | flat | deepep | hybridep")
+]
+EpCommOverlapChoice = Annotated[
+    bool | None,
+    typer.Option("--ep-comm-overlap/--no-ep-comm-overlap", help="EP all-to-all overlap (default: try both)"),
+]
 
 
 def _fail(msg: str) -> None:
@@ -203,13 +211,8 @@ def plan(
     cuda_graphs: CudaGraphs = "",
     fused_activation: FusedActivation = False,
     fused_cross_entropy: FusedCrossEntropy = False,
-    ep_dispatch: Annotated[
-        str, typer.Option(help="MoE token dispatcher: auto (try flat and deepep) | flat | deepep | hybridep")
-    ] = "auto",
-    ep_comm_overlap: Annotated[
-        bool | None,
-        typer.Option("--ep-comm-overlap/--no-ep-comm-overlap", help="EP all-to-all overlap (default: try both)"),
-    ] = None,
+    ep_dispatch: EpDispatchChoice = "auto",
+    ep_comm_overlap: EpCommOverlapChoice = None,
     workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
     executor: Annotated[str, typer.Option(help="local | ray")] = "local",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
@@ -320,20 +323,15 @@ def report(
     cuda_graphs: CudaGraphs = "",
     fused_activation: FusedActivation = False,
     fused_cross_entropy: FusedCrossEntropy = False,
-    ep_dispatch: Annotated[
-        str, typer.Option(help="MoE token dispatcher: auto (try flat and deepep) | flat | deepep | hybridep")
-    ] = "auto",
-    ep_comm_overlap: Annotated[
-        bool | None,
-        typer.Option("--ep-comm-overlap/--no-ep-comm-overlap", help="EP all-to-all overlap (default: try both)"),
-    ] = None,
+    ep_dispatch: EpDispatchChoice = "auto",
+    ep_comm_overlap: EpCommOverlapChoice = None,
     workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
 ) -> None:
     """Search the plans and write a self-contained interactive HTML report."""
     from shardscope.hardware.catalog import make_cluster
     from shardscope.models.catalog import load_model
     from shardscope.planner.search import search
-    from shardscope.planner.space import SearchSpace
+    from shardscope.planner.space import SearchSpace, moe_choices
     from shardscope.report.html import write_report
     from shardscope.sim import simulate_step
 
@@ -344,6 +342,7 @@ def report(
             cuda_graphs=cuda_graphs,
             fused_activation=fused_activation,
             fused_cross_entropy=fused_cross_entropy,
+            **moe_choices(ep_dispatch, ep_comm_overlap),
         )
         result = search(spec, cluster, global_batch, seq_len, objective, space, workers=workers)
         if not result.candidates:

@@ -14,7 +14,7 @@ from shardscope.planner.cost import parse_tokens, training_cost
 from shardscope.planner.export import FORMATS
 from shardscope.planner.export import export as export_plan
 from shardscope.planner.search import Candidate, SearchResult, search
-from shardscope.planner.space import AUTO_EP_DISPATCHES, SearchSpace
+from shardscope.planner.space import SearchSpace, moe_choices
 from shardscope.result import Estimate
 
 
@@ -84,8 +84,7 @@ def run_plan_command(
         cuda_graphs=cuda_graphs,
         fused_activation=fused_activation,
         fused_cross_entropy=fused_cross_entropy,
-        ep_dispatches=AUTO_EP_DISPATCHES if ep_dispatch == "auto" else (ep_dispatch,),
-        ep_overlaps=(False, True) if ep_comm_overlap is None else (ep_comm_overlap,),
+        **moe_choices(ep_dispatch, ep_comm_overlap),
     )
     if as_json:
         result = search(spec, cluster, global_batch, seq_len, objective, space, workers, executor)

@@ -66,6 +66,14 @@ class SearchSpace:
             raise ShardscopeError(f"--ep-dispatch must be one of {', '.join(EP_DISPATCHERS)} or auto, got {bad}")
 
 
+def moe_choices(ep_dispatch: str = "auto", ep_comm_overlap: bool | None = None) -> dict:
+    """`SearchSpace` fields from the CLI's MoE options: "auto" / None search the choices, a value fixes it."""
+    return {
+        "ep_dispatches": AUTO_EP_DISPATCHES if ep_dispatch == "auto" else (ep_dispatch,),
+        "ep_overlaps": (False, True) if ep_comm_overlap is None else (ep_comm_overlap,),
+    }
+
+
 def _pow2_upto(n: int) -> list[int]:
     out, v = [], 1
     while v <= n:
