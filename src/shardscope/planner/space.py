@@ -63,7 +63,9 @@ class SearchSpace:
         object.__setattr__(self, "cuda_graphs", cuda_graph_scopes(self.cuda_graphs))
         bad = [d for d in self.ep_dispatches if d not in EP_DISPATCHERS]
         if bad or not self.ep_dispatches or not self.ep_overlaps:
-            raise ShardscopeError(f"--ep-dispatch must be one of {', '.join(EP_DISPATCHERS)} or auto, got {bad}")
+            raise ShardscopeError(
+                f"--ep-dispatch must be one of {', '.join(EP_DISPATCHERS)} or auto, got {', '.join(bad)!r}"
+            )
 
 
 def moe_choices(ep_dispatch: str = "auto", ep_comm_overlap: bool | None = None) -> dict:
