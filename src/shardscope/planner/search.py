@@ -121,12 +121,12 @@ def evaluate_structure(
                 continue
             # memory does not depend on the MoE dispatcher or overlap: the fastest of them is the plan
             variants = list(moe_variants(plan, space or SearchSpace()))
-            if len(variants) > 1:
-                variants = [min(variants, key=lambda p: _stage_time_s(model, cluster, p))]
-            for best in variants:
-                est = estimate_step(model, cluster, best)
-                if est.fits and est.memory.required_gib <= cluster.gpu.hbm_gib - HEADROOM_GIB:
-                    return Candidate(best, est)
+            if not variants:  # the overlap was asked for and this plan cannot run it
+                continue
+            plan = min(variants, key=lambda p: _stage_time_s(model, cluster, p)) if len(variants) > 1 else variants[0]
+            est = estimate_step(model, cluster, plan)
+            if est.fits and est.memory.required_gib <= cluster.gpu.hbm_gib - HEADROOM_GIB:
+                return Candidate(plan, est)
     return None
 
 
