@@ -220,6 +220,19 @@ def cuda_graph_scopes(value: str | tuple[str, ...]) -> tuple[str, ...]:
     return scopes
 
 
+def ep_overlap_problem(plan: Plan) -> str | None:
+    """Why `plan` cannot run Megatron-Core's combined-1F1B all-to-all overlap (TransformerConfig checks),
+    or None: it pairs one micro-batch's forward with another's backward, so it needs EP, no pipeline or an
+    interleaved one, and no full-layer recompute."""
+    if plan.ep < 2:
+        return "--ep-comm-overlap needs expert parallelism (--ep > 1)"
+    if plan.pp > 1 and plan.vpp == 1:
+        return "--ep-comm-overlap needs --pp 1 or an interleaved pipeline (--vpp > 1)"
+    if plan.recompute == "full":
+        return "--ep-comm-overlap cannot be combined with --recompute full"
+    return None
+
+
 def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
     """Build and validate a plan; `dp` is derived as gpus / (tp·pp·cp) when left out (0/None)."""
     kw = {k: v for k, v in kw.items() if v is not None}
@@ -316,16 +329,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
             )
         if model.moe.expert_ffn % plan.etp:
             raise ShardscopeError(f"--etp {plan.etp} does not divide the expert FFN size {model.moe.expert_ffn}")
-    if plan.ep_comm_overlap:
-        # Megatron-Core's combined-1F1B all-to-all overlap (TransformerConfig checks): it pairs one
-        # micro-batch's forward with another's backward, so it needs EP, no pipeline or an interleaved
-        # one, and no full-layer recompute.
-        if plan.ep < 2:
-            raise ShardscopeError("--ep-comm-overlap needs expert parallelism (--ep > 1)")
-        if plan.pp > 1 and plan.vpp == 1:
-            raise ShardscopeError("--ep-comm-overlap needs --pp 1 or an interleaved pipeline (--vpp > 1)")
-        if plan.recompute == "full":
-            raise ShardscopeError("--ep-comm-overlap cannot be combined with --recompute full")
+    if plan.ep_comm_overlap and (problem := ep_overlap_problem(plan)):
+        raise ShardscopeError(problem)
     if model.moe is not None and plan.tp > 1 and not plan.sequence_parallel:
         raise ShardscopeError("MoE with --tp > 1 needs sequence parallel (as in Megatron-Core)")
     if not 0 <= plan.offload_activations <= 1:

@@ -19,7 +19,7 @@ from shardscope.costs.memory import GIB, buffer_bytes, rank_state_bytes
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
-from shardscope.plan.plan import Plan, make_plan
+from shardscope.plan.plan import Plan, ep_overlap_problem, make_plan
 from shardscope.planner.space import RECOMPUTE_LEVELS, SearchSpace, structures
 from shardscope.result import Estimate
 
@@ -77,12 +77,12 @@ def _fits_memory(model: ModelSpec, cluster: Cluster, plan: Plan) -> bool:
 
 
 def moe_variants(plan: Plan, space: SearchSpace) -> Iterator[Plan]:
-    """`plan` under each token dispatcher and EP overlap setting the space allows: the overlap needs
-    EP > 1, no pipeline or an interleaved one, and no full recompute (as Megatron-Core requires)."""
+    """`plan` under each token dispatcher and EP overlap setting the space allows (the overlap only where
+    Megatron-Core can run it: `ep_overlap_problem`)."""
     if plan.ep == 1:
         yield plan
         return
-    overlap_ok = (plan.pp == 1 or plan.vpp > 1) and plan.recompute != "full"
+    overlap_ok = ep_overlap_problem(plan) is None
     for dispatch in space.ep_dispatches:
         for overlap in space.ep_overlaps:
             if overlap and not overlap_ok:

@@ -141,6 +141,6 @@ def structures(
                                     fused_activation=space.fused_activation,
                                     fused_cross_entropy=space.fused_cross_entropy,
                                     ep_dispatch=space.ep_dispatches[0],
-                                    ep_comm_overlap=space.ep_overlaps[0] and ep > 1 and (pp == 1 or vpp > 1),
+                                    ep_comm_overlap=False,  # the search tries the overlap per plan
                                     **kw,
                                 )
