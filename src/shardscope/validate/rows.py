@@ -43,7 +43,7 @@ from importlib import resources
 import yaml
 
 from shardscope.errors import ShardscopeError
-from shardscope.hardware.catalog import Cluster, make_cluster
+from shardscope.hardware.catalog import Cluster, load_gpu, make_cluster
 from shardscope.models.spec import GPT_BLOCK, ModelSpec
 from shardscope.plan.plan import Plan, cuda_graph_scopes, make_plan
 
@@ -178,7 +178,7 @@ def fp8_recipe(row: dict[str, str]) -> str:
     NeMo 24.07 and llm-foundry's amp_fp8 used Transformer Engine's delayed scaling."""
     notes = row.get("notes", "")
     if "FP8-MX variant" in notes or re.search(r"precision as listed: (FP8-MX|MXFP8)\b", notes):
-        return "mxfp8" if row.get("gpu", "").upper() in ("B200", "GB200") else "blockwise"
+        return "mxfp8" if load_gpu(row["gpu"]).arch == "blackwell" else "blockwise"
     if row.get("source") in ("NEMO_2407_PERF", "MOSAICML_LLMFOUNDRY"):
         return "delayed"
     return "tensorwise"
