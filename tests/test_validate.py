@@ -75,15 +75,20 @@ def test_any_file_with_the_schema(tmp_path):
 
 
 def test_every_megatron_bridge_moe_row_has_its_recipe(public_csv):
-    """Each MoE row of the Megatron-Bridge tables is matched to the perf recipe that produced it, each
-    recipe cites a commit and file, and the recipes obey Megatron-Core's overlap rule for the row."""
-    import csv
+    """Each MoE row of the Megatron-Bridge tables (the shared CSV's, and the GB300/B300 rows of
+    `validation/published_moe_runs.csv`) is matched to the perf recipe that produced it, each recipe cites a
+    commit and file, and the recipes obey Megatron-Core's overlap rule for the row."""
     import re
 
     from shardscope.validate.rows import _settings_file, megatron_bridge_recipe
 
-    rows = [r for r in csv.DictReader(public_csv.open()) if r["source"] == "MBRIDGE_PERF" and r["arch"] == "moe"]
-    assert rows
+    rows = [
+        r
+        for path in (public_csv, PUBLISHED_MOE_RUNS)
+        for r in read_rows(path)
+        if r["source"] == "MBRIDGE_PERF" and r["arch"] == "moe"
+    ]
+    assert {r["gpu"] for r in rows} >= {"GB300", "B300"}
     used = set()
     for row in rows:
         recipe = megatron_bridge_recipe(row)
@@ -177,10 +182,17 @@ def test_published_moe_runs_carry_their_stated_settings():
     assert (h100.tp, h100.pp, h100.vpp, h100.ep, h100.global_batch) == (2, 8, 4, 64, 16384)
     assert h100.recompute_modules == ("mla_up_proj", "mlp") and not h100.overlap_grad_reduce and h100.mtp
     assert len(h100.pp_layout) == 32 and h100.optimizer_moments == "bf16"
-    for rid, chunks in (("MC-002", 16), ("MC-003", 24)):  # full-iteration graphs, 1F1B overlap, MXFP8
-        card = published_case(rid).plan
+    for rid, chunks in (("MC-002", 16), ("MC-003", 24), ("MS-001", 16), ("MS-004", 48)):
+        card = published_case(rid).plan  # full-iteration graphs, 1F1B overlap, MXFP8
         assert (card.cuda_graphs, card.ep_comm_overlap, card.fp8_recipe) == (("full_iteration",), True, "mxfp8")
         assert len(card.pp_layout) == chunks
+    # GB300 / B300 rows of the perf summaries take their recipes from megatron_bridge_recipes.yaml
+    qwen235 = published_case("MS-004")
+    assert qwen235.cluster.gpu.name == "GB300" and sum(qwen235.plan.pp_layout) == 94
+    b300 = published_case("MS-005")
+    assert b300.cluster.gpu.name == "B300" and (b300.plan.pp, b300.plan.ep, b300.plan.micro_batch) == (8, 8, 2)
+    assert b300.plan.recompute_modules == ("mla_up_proj",) and b300.plan.ep_dispatch == "hybridep"
+    assert b300.plan.pp_layout == (8, 8, 8, 8, 8, 8, 8, 5) and b300.plan.mtp
 
 
 def test_kernels_per_step_match_the_nsight_count_of_the_qwen3_ab():
