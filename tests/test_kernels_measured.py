@@ -179,3 +179,36 @@ def test_gemm_depth_curve_matches_measured(dtype: str):
             measured.append(per_flop(r, float(r["latency_ms"])) / per_flop(deep, float(deep["latency_ms"])))
             modelled.append(per_flop(r, _gemm_model_ms(r)) / per_flop(deep, _gemm_model_ms(deep)))
         assert _geomean(modelled) == pytest.approx(_geomean(measured), rel=0.06), shallow
+
+
+# --- Attention across GPUs: aiconfigurator's measured context-attention tables ---
+
+ATTENTION_TABLE = Path(__file__).parent.parent / "validation" / "attention_measured_aiconfigurator.csv"
+
+
+def test_blackwell_ultra_attention_forward_speedup_as_measured():
+    """The same TRT-LLM context-attention kernels (BF16, causal, head dim 128; 1-4 x 4k-16k tokens, 32 or
+    64 heads, MHA and GQA 8) on B200, GB200, B300 and GB300 (aiconfigurator @095f58a,
+    `validation/attention_measured_aiconfigurator.csv`): the model's forward time on B300 / GB300 over
+    B200 / GB200 matches the measured ratio of this subset within 3%. The catalog's factor came from the
+    full tables (1,356 shapes each); without it the model would give GB300 and GB200 equal times."""
+    with ATTENTION_TABLE.open() as f:
+        rows = list(csv.DictReader(f))
+    base = dataclasses.replace(load_model("gpt-oss-20b"), attention_window=0)
+
+    def model_ms(r: dict[str, str]) -> float:
+        plan = Plan(seq_len=int(r["seq_len"]), micro_batch=int(r["batch"]), global_batch=int(r["batch"]))
+        (op,), _ = _core_attention(base, plan, LayerKind("full", "dense"), int(r["heads"]), 128, 128)
+        return op_time_s(load_gpu(r["gpu"]), op, False, plan)
+
+    by_gpu: dict[str, dict[tuple, dict[str, str]]] = {}
+    for r in rows:
+        by_gpu.setdefault(r["gpu"], {})[(r["batch"], r["seq_len"], r["heads"], r["kv_heads"])] = r
+    for fast, slow in (("GB300", "GB200"), ("B300", "B200")):
+        shapes = sorted(by_gpu[fast].keys() & by_gpu[slow].keys())
+        assert len(shapes) == 36
+        pairs = [(by_gpu[fast][s], by_gpu[slow][s]) for s in shapes]
+        measured = _geomean([float(b["latency_ms"]) / float(a["latency_ms"]) for a, b in pairs])
+        modelled = _geomean([model_ms(b) / model_ms(a) for a, b in pairs])
+        assert measured > 1.1
+        assert modelled == pytest.approx(measured, rel=0.03), (fast, slow)

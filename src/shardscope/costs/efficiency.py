@@ -115,13 +115,14 @@ def head_dim_scale(head_dim: float) -> float:
 
 
 def attention_fraction(gpu: GPU, kernel: str, seq_len: int, backward: bool, head_dim: float = 128) -> float:
-    """Fraction of dense peak a flash-attention kernel sustains at this sequence length and head dim."""
+    """Fraction of dense peak a flash-attention kernel sustains at this sequence length and head dim. The
+    forward takes the GPU's `attention_fwd_scale` (Blackwell Ultra's faster softmax exponent)."""
     if kernel in ("auto", "cudnn", "unfused"):
         kernel = DEFAULT_ATTENTION_KERNEL.get(gpu.arch, "fa2") if kernel == "auto" else "fa3"
     fwd, bwd = ATTENTION_FRACTION.get((gpu.arch, kernel), ATTENTION_FRACTION.get((gpu.arch, "fa2"), (0.35, 0.25)))
     length = (seq_len / (seq_len + ATTENTION_S0)) / (ATTENTION_S_REF / (ATTENTION_S_REF + ATTENTION_S0))
     heads = head_dim_scale(head_dim) if (gpu.arch, kernel) in ATTENTION_FRACTION and kernel == "fa3" else 1.0
-    return (bwd if backward else fwd) * clock_ratio(gpu) * length * heads
+    return (bwd if backward else fwd * gpu.attention_fwd_scale) * clock_ratio(gpu) * length * heads
 
 
 def overlap_slowdown(gpu: GPU) -> float:

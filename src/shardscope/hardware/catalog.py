@@ -39,6 +39,7 @@ class GPU:
     matmul_burst_fraction: float
     matmul_sustained_fraction: float
     fp8_matmul_sustained_fraction: float | None = None
+    attention_fwd_scale: float = 1.0  # flash-attention forward speed over its architecture's figures
     pcie_gbps: float = 25.0  # host link per GPU per direction (achieved)
     host_memory_gib: float = 1024.0  # per node
     host_memory_gbps: float = 400.0  # per node
