@@ -67,16 +67,23 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def _attention_ratio(figure: tuple, backward: bool) -> float:
-    """Model time at boost clock / measured time of one SDPA figure, forward or backward: the attention op
-    the layer graph builds for that head shape, mask and window."""
-    gpu_name, b, s, heads, dqk, dvo, causal, window, fwd_ms, bwd_ms = figure
-    gpu = load_gpu(gpu_name)
+def _attention_s(
+    gpu_name: str, b: int, s: int, heads: int, dqk: int, dvo: int, causal: bool, window: int, backward: bool
+) -> float:
+    """Model time (sustained clock) of the attention op the layer graph builds for this batch, sequence,
+    head shape, mask and window, forward or backward."""
     model = dataclasses.replace(load_model("gpt-oss-20b"), attention_window=window)
     kind = LayerKind("window" if window else "full", "dense")
     plan = Plan(seq_len=s, micro_batch=b, global_batch=b, causal=causal)
     (op,), _ = _core_attention(model, plan, kind, heads, dqk, dvo)
-    return op_time_s(gpu, op, backward, plan) * clock_ratio(gpu) * 1e3 / (bwd_ms if backward else fwd_ms)
+    return op_time_s(load_gpu(gpu_name), op, backward, plan)
+
+
+def _attention_ratio(figure: tuple, backward: bool) -> float:
+    """Model time at boost clock / measured time of one SDPA figure, forward or backward."""
+    gpu_name, b, s, heads, dqk, dvo, causal, window, fwd_ms, bwd_ms = figure
+    seconds = _attention_s(gpu_name, b, s, heads, dqk, dvo, causal, window, backward)
+    return seconds * clock_ratio(load_gpu(gpu_name)) * 1e3 / (bwd_ms if backward else fwd_ms)
 
 
 def _short_window_forward(figure: tuple, backward: bool) -> bool:
@@ -194,12 +201,9 @@ def test_blackwell_ultra_attention_forward_speedup_as_measured():
     full tables (1,356 shapes each); without it the model would give GB300 and GB200 equal times."""
     with ATTENTION_TABLE.open() as f:
         rows = list(csv.DictReader(f))
-    base = dataclasses.replace(load_model("gpt-oss-20b"), attention_window=0)
 
     def model_ms(r: dict[str, str]) -> float:
-        plan = Plan(seq_len=int(r["seq_len"]), micro_batch=int(r["batch"]), global_batch=int(r["batch"]))
-        (op,), _ = _core_attention(base, plan, LayerKind("full", "dense"), int(r["heads"]), 128, 128)
-        return op_time_s(load_gpu(r["gpu"]), op, False, plan)
+        return _attention_s(r["gpu"], int(r["batch"]), int(r["seq_len"]), int(r["heads"]), 128, 128, True, 0, False)
 
     by_gpu: dict[str, dict[tuple, dict[str, str]]] = {}
     for r in rows:
