@@ -101,6 +101,23 @@ def test_every_megatron_bridge_moe_row_has_its_recipe(public_csv):
     assert len(used) == len(_settings_file("megatron_bridge_recipes.yaml")["recipes"])  # no recipe without its row
 
 
+def test_wan_rows_run_their_framework(public_csv):
+    """The Wan table's Megatron-Core rows run TE's cuDNN attention and fused activations; its NeMo
+    AutoModel rows run diffusers' model code under FSDP2: torch SDPA (FlashAttention-2, its first
+    backend), unfused activations, and FSDP sharding instead of Megatron's distributed optimizer."""
+    from shardscope.validate.rows import automodel, case_from_row
+
+    wan = [r for r in read_rows(public_csv) if r["source"] == "WAN_DIT_PERF"]
+    auto = [r for r in wan if automodel(r)]
+    assert len(wan) == 5 and len(auto) == 2
+    for row in wan:
+        plan = case_from_row(row).plan
+        if automodel(row):
+            assert (plan.attention_kernel, plan.fused_activation, plan.fsdp) == ("fa2", False, True), row["id"]
+        else:
+            assert (plan.attention_kernel, plan.fused_activation) == ("auto", True), row["id"]
+
+
 def test_megatron_bridge_flop_definition_reproduces_published_ratios(public_csv):
     """Each Megatron-Bridge table row gives tokens/s/GPU and Model TFLOP/s/GPU of one run: their ratio is
     the source's own FLOPs per token. Our rendering of its definition (per container release) must
