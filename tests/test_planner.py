@@ -207,6 +207,8 @@ def test_plan_cli_json_and_export(tmp_path):
         (["plan", "llama3.1-8b", "--export", "jax"], "--export"),
         (["plan", "llama3.1-405b", "--gpus", "8", "--global-batch", "8"], "no plan"),
         (["plan", "llama3.1-8b", "--tokens", "lots"], "--tokens"),
+        (["plan", "llama3.1-8b", "--precision", "fp8", "--fp8-recipe", "mxfp8"], "Blackwell"),
+        (["plan", "llama3.1-8b", "--precision", "fp8", "--fp8-recipe", "int4"], "--fp8-recipe"),
     ],
 )
 def test_plan_cli_errors(args, needle):
@@ -342,6 +344,48 @@ def test_search_finds_plans_that_fit_only_with_optimizer_offload():
     assert found is not None and found.plan.offload_optimizer
     assert found.estimate.memory.required_gib <= cluster.gpu.hbm_gib
     assert evaluate_structure(model, cluster, kw, offload_ok=False) is None
+
+
+def test_fp8_search_chooses_each_structure_under_fp8():
+    """An FP8 search picks every structure's recompute and fit under FP8 (its extra weight copies, its
+    FP8 saved inputs), not BF16's choice re-timed: it keeps the structures whose BF16 choice no longer
+    fits but deeper recompute does, and a plan recomputes only where it would not fit at FP8 without it."""
+    from shardscope.analytic.step import estimate_step
+    from shardscope.planner.search import _fits_memory
+    from shardscope.planner.space import SearchSpace
+
+    m, c = load_model("llama3.1-8b"), make_cluster("H100", 8)
+    fp8 = search(m, c, 64, 8192, space=SearchSpace(precision="fp8"))
+    assert fp8.candidates and all(x.plan.precision == "fp8" for x in fp8.candidates)
+    bf16_retimed = {
+        dataclasses.replace(x.plan, precision="fp8")
+        for x in search(m, c, 64, 8192).candidates
+        if estimate_step(m, c, dataclasses.replace(x.plan, precision="fp8")).fits
+    }
+    found = {x.plan for x in fp8.candidates}
+    assert len(found) > len(bf16_retimed)
+    for x in fp8.candidates:  # a plan with recompute would not fit at FP8 without it
+        if x.plan.recompute != "none":
+            assert not _fits_memory(m, c, dataclasses.replace(x.plan, recompute="none", recompute_layers=0))
+    r = runner.invoke(
+        app,
+        [
+            "plan",
+            "llama3.1-8b",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "64",
+            "--seq-len",
+            "8192",
+            "--precision",
+            "fp8",
+            "--json",
+            "--top",
+            "1",
+        ],
+    )
+    assert r.exit_code == 0 and json.loads(r.stdout)["plans"][0]["plan"]["precision"] == "fp8"
 
 
 def test_search_with_cuda_graphs():

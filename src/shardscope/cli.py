@@ -202,6 +202,7 @@ def plan(
     global_batch: Annotated[int, typer.Option(help="sequences per optimizer step")] = 256,
     video: Annotated[str | None, typer.Option(help="video DiT clip FRAMESxHEIGHTxWIDTH")] = None,
     precision: Annotated[str, typer.Option(help="bf16 | fp8")] = "bf16",
+    fp8_recipe: Annotated[str, typer.Option(help="tensorwise | delayed | blockwise | mxfp8")] = "tensorwise",
     objective: Annotated[str, typer.Option(help="throughput | memory | cost")] = "throughput",
     top: Annotated[int, typer.Option(help="plans to show")] = 10,
     tokens: Annotated[str | None, typer.Option(help="token budget to train, e.g. 15T")] = None,
@@ -244,6 +245,7 @@ def plan(
             fused_cross_entropy=fused_cross_entropy,
             ep_dispatch=ep_dispatch,
             ep_comm_overlap=ep_comm_overlap,
+            fp8_recipe=fp8_recipe,
         )
     except ShardscopeError as exc:
         _fail(str(exc))

@@ -11,7 +11,7 @@ from functools import lru_cache
 from typing import Literal
 
 from shardscope.errors import ShardscopeError
-from shardscope.hardware.catalog import Cluster
+from shardscope.hardware.catalog import GPU, Cluster
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.layout import layout_mtp_chunk, parse_pp_layout
 
@@ -233,6 +233,18 @@ def ep_overlap_problem(plan: Plan) -> str | None:
     return None
 
 
+def check_precision(precision: str, fp8_recipe: str, gpu: GPU) -> None:
+    """`--precision` and `--fp8-recipe` name a known format that `gpu`'s tensor cores run."""
+    if precision not in ("bf16", "fp16", "fp8"):
+        raise ShardscopeError(f"--precision must be bf16, fp16 or fp8, got {precision!r}")
+    if fp8_recipe not in ("tensorwise", "delayed", "blockwise", "mxfp8"):
+        raise ShardscopeError(f"--fp8-recipe must be tensorwise, delayed, blockwise or mxfp8, got {fp8_recipe!r}")
+    if precision == "fp8":
+        gpu.peak_tflops("fp8")  # raises for GPUs without FP8 tensor cores
+        if fp8_recipe == "mxfp8" and gpu.arch != "blackwell":
+            raise ShardscopeError(f"--fp8-recipe mxfp8 needs Blackwell tensor cores ({gpu.name} has none)")
+
+
 def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
     """Build and validate a plan; `dp` is derived as gpus / (tp·pp·cp) when left out (0/None)."""
     kw = {k: v for k, v in kw.items() if v is not None}
@@ -301,14 +313,7 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
             raise ShardscopeError("--recompute-modules needs --recompute selective (Megatron's selective granularity)")
     if plan.recompute_layers < 0:
         raise ShardscopeError(f"--recompute-layers must be >= 0, got {plan.recompute_layers}")
-    if plan.precision not in ("bf16", "fp16", "fp8"):
-        raise ShardscopeError(f"--precision must be bf16, fp16 or fp8, got {plan.precision!r}")
-    if plan.fp8_recipe not in ("tensorwise", "delayed", "blockwise", "mxfp8"):
-        raise ShardscopeError(f"--fp8-recipe must be tensorwise, delayed, blockwise or mxfp8, got {plan.fp8_recipe!r}")
-    if plan.precision == "fp8":
-        cluster.gpu.peak_tflops("fp8")  # raises for GPUs without FP8 tensor cores
-        if plan.fp8_recipe == "mxfp8" and cluster.gpu.arch != "blackwell":
-            raise ShardscopeError(f"--fp8-recipe mxfp8 needs Blackwell tensor cores ({cluster.gpu.name} has none)")
+    check_precision(plan.precision, plan.fp8_recipe, cluster.gpu)
     if plan.attention_kernel not in ("auto", "fa2", "fa3", "cudnn", "unfused"):
         raise ShardscopeError(
             f"--attention-kernel must be auto, fa2, fa3, cudnn or unfused, got {plan.attention_kernel!r}"

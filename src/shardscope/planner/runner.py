@@ -10,6 +10,7 @@ from pathlib import Path
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import make_cluster
 from shardscope.models.catalog import load_model
+from shardscope.plan.plan import check_precision
 from shardscope.planner.cost import parse_tokens, training_cost
 from shardscope.planner.export import FORMATS
 from shardscope.planner.export import export as export_plan
@@ -64,6 +65,7 @@ def run_plan_command(
     fused_cross_entropy: bool = False,
     ep_dispatch: str = "auto",
     ep_comm_overlap: bool | None = None,
+    fp8_recipe: str = "tensorwise",
 ) -> SearchResult:
     from shardscope import video_seq_len
 
@@ -73,17 +75,18 @@ def run_plan_command(
         seq_len = video_seq_len(spec, video)
     if precision not in ("bf16", "fp8"):
         raise ShardscopeError(f"--precision must be bf16 or fp8, got {precision!r}")
+    check_precision(precision, fp8_recipe, cluster.gpu)
     if export is not None and export not in FORMATS:
         raise ShardscopeError(f"--export must be one of {', '.join(FORMATS)}, got {export!r}")
     if top <= 0 or workers <= 0 or global_batch <= 0 or seq_len <= 0:
         raise ShardscopeError("--top, --workers, --global-batch and --seq-len must be positive")
     n_tokens = parse_tokens(tokens) if tokens else None
-    if precision == "fp8":
-        cluster.gpu.peak_tflops("fp8")
     space = SearchSpace(
         cuda_graphs=cuda_graphs,
         fused_activation=fused_activation,
         fused_cross_entropy=fused_cross_entropy,
+        precision=precision,
+        fp8_recipe=fp8_recipe,
         **moe_choices(ep_dispatch, ep_comm_overlap),
     )
     if as_json:
@@ -104,8 +107,6 @@ def run_plan_command(
                 executor,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )
-    if precision == "fp8":
-        result = _with_precision(spec, cluster, result)
     if not result.candidates:
         raise ShardscopeError(
             f"no plan of {spec.name} fits {gpus}× {cluster.gpu.name} ({cluster.gpu.hbm_gib:g} GiB) at global batch "
@@ -134,19 +135,3 @@ def run_plan_command(
 
         print_plans(spec.name, cluster, result, best, n_tokens, price_per_gpu_hour)
     return result
-
-
-def _with_precision(spec, cluster, result: SearchResult) -> SearchResult:
-    """Re-time the feasible plans with FP8 GEMMs (FP8 only adds weight copies; re-checked for fit)."""
-    from dataclasses import replace
-
-    from shardscope.analytic.step import estimate_step
-
-    out = []
-    for c in result.candidates:
-        p = replace(c.plan, precision="fp8")
-        e = estimate_step(spec, cluster, p)
-        if e.fits:
-            out.append(Candidate(p, e))
-    out.sort(key=lambda c: c.key(result.objective))
-    return SearchResult(out, result.structures, len(out), result.objective)

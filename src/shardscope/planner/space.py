@@ -52,6 +52,8 @@ class SearchSpace:
     cuda_graphs: tuple[str, ...] | str = ()  # CUDA-graphed scopes of every plan (() = eager), "attn,moe" or a tuple
     fused_activation: bool = False  # every plan runs Megatron-Core's fused SwiGLU
     fused_cross_entropy: bool = False  # every plan runs a fused cross-entropy kernel
+    precision: str = "bf16"  # every plan's GEMM precision: recompute, fit and dispatcher are chosen under it
+    fp8_recipe: str = "tensorwise"
     # MoE plans with EP > 1 try each dispatcher and overlap setting and keep the fastest. HybridEP is
     # priced as DeepEP plus its routing-map all-gather, so it is searched only when asked for.
     ep_dispatches: tuple[str, ...] = AUTO_EP_DISPATCHES
@@ -140,6 +142,8 @@ def structures(
                                     cuda_graphs=space.cuda_graphs,
                                     fused_activation=space.fused_activation,
                                     fused_cross_entropy=space.fused_cross_entropy,
+                                    precision=space.precision,
+                                    fp8_recipe=space.fp8_recipe,
                                     ep_dispatch=space.ep_dispatches[0],
                                     ep_comm_overlap=False,  # the search tries the overlap per plan
                                     **kw,
