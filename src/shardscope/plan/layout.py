@@ -51,19 +51,23 @@ def _chunks(text: str) -> list[str] | None:
     return chunks
 
 
-def parse_pp_layout(text: str) -> tuple[int, ...]:
-    """Decoder layers per model chunk from a Megatron layout string or a list of counts."""
+def read_pp_layout(text: str) -> tuple[tuple[int, ...], int]:
+    """Decoder layers per model chunk from a Megatron layout string or a list of counts, and the chunk
+    that holds the MTP modules (`m`); -1 (the last chunk, with the loss) when it names none."""
     chunks = _chunks(text)
     if chunks is None:
-        return tuple(int(n) for n in text.replace(" ", "").split(","))
-    return tuple(c.count("t") for c in chunks)
+        return tuple(int(n) for n in text.replace(" ", "").split(",")), -1
+    return tuple(c.count("t") for c in chunks), next((i for i, c in enumerate(chunks) if "m" in c), -1)
+
+
+def parse_pp_layout(text: str) -> tuple[int, ...]:
+    """Decoder layers per model chunk (`read_pp_layout`)."""
+    return read_pp_layout(text)[0]
 
 
 def layout_mtp_chunk(text: str) -> int:
-    """The chunk that holds the MTP modules (`m`) in a layout string; -1 (the last chunk, with the loss)
-    when it names none."""
-    chunks = _chunks(text) or []
-    return next((i for i, c in enumerate(chunks) if "m" in c), -1)
+    """The MTP modules' chunk (`read_pp_layout`)."""
+    return read_pp_layout(text)[1]
 
 
 def format_pp_layout(counts: tuple[int, ...], mtp_layers: int = 0, mtp_chunk: int = -1) -> str:

@@ -13,7 +13,7 @@ from typing import Literal
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import GPU, Cluster
 from shardscope.models.spec import ModelSpec
-from shardscope.plan.layout import layout_mtp_chunk, parse_pp_layout
+from shardscope.plan.layout import read_pp_layout
 
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
@@ -252,8 +252,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         kw["recompute_modules"] = comma_list(kw["recompute_modules"])
     kw["cuda_graphs"] = cuda_graph_scopes(kw.get("cuda_graphs", ()))
     if isinstance(kw.get("pp_layout"), str):
-        kw.setdefault("mtp_chunk", layout_mtp_chunk(kw["pp_layout"]))
-        kw["pp_layout"] = parse_pp_layout(kw["pp_layout"])
+        kw["pp_layout"], mtp_chunk = read_pp_layout(kw["pp_layout"])
+        kw.setdefault("mtp_chunk", mtp_chunk)
     dp = kw.pop("dp", 0) or 0
     if model.dit is not None:
         kw["causal"] = False  # diffusion transformers attend over the whole clip
