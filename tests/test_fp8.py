@@ -57,3 +57,28 @@ def test_fp8_all_gather_halves_fsdp_traffic():
     a = shardscope.estimate("llama3.1-8b", **kw)
     b = shardscope.estimate("llama3.1-8b", fp8_all_gather=True, **kw)
     assert b.time.comm_total_s < a.time.comm_total_s
+
+
+def test_fp8_parameters_drop_the_bf16_weights():
+    """With FP8 parameters (Megatron --fp8-param-gather) the FP8 weights are the parameters: under the
+    distributed optimizer the BF16 weights (2 bytes per local parameter) are gone and nothing else moves;
+    under ZeRO-3 the shard is kept in FP8 and layers are gathered as their FP8 copies, never in BF16."""
+    from shardscope.analytic.step import estimate_step
+    from shardscope.costs.memory import rank_params_local, rank_state_bytes
+
+    m = load_model("llama3.1-70b")
+    c = make_cluster("GB200", 64)
+    for zero in (1, 3):
+        kw = dict(tp=1, pp=4, global_batch=64, seq_len=8192, precision="fp8", zero=zero, recompute="full")
+        bf16_weights = make_plan(m, c, **kw)
+        fp8_weights = make_plan(m, c, fp8_all_gather=True, **kw)
+        a, b = (estimate_step(m, c, p) for p in (bf16_weights, fp8_weights))
+        sa, sb = (rank_state_bytes(m, p, 0) for p in (bf16_weights, fp8_weights))
+        assert sb.grads == sa.grads and sb.optimizer == sa.optimizer
+        if zero == 1:
+            assert sb.params == 0 and sa.params == 2 * sum(rank_params_local(m, bf16_weights, 0))
+            assert a.memory.buffers_gib == b.memory.buffers_gib
+        else:
+            assert sb.params == sa.params / 2
+            assert b.memory.buffers_gib < a.memory.buffers_gib
+        assert a.memory.activations_gib == b.memory.activations_gib

@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from published_runs import PUBLISHED_MOE_RUNS, published_case  # tests/ is on the path (conftest)
+from published_runs import PUBLISHED_DENSE_RUNS, PUBLISHED_MOE_RUNS, published_case  # tests/ is on the path (conftest)
 from typer.testing import CliRunner
 
 from shardscope.cli import app
@@ -210,6 +210,26 @@ def test_published_moe_runs_carry_their_stated_settings():
     assert b300.cluster.gpu.name == "B300" and (b300.plan.pp, b300.plan.ep, b300.plan.micro_batch) == (8, 8, 2)
     assert b300.plan.recompute_modules == ("mla_up_proj",) and b300.plan.ep_dispatch == "hybridep"
     assert b300.plan.pp_layout == (8, 8, 8, 8, 8, 8, 8, 5) and b300.plan.mtp
+
+
+def test_dense_gb300_runs():
+    """Megatron-Bridge's dense GB300 rows (`validation/published_dense_runs.csv`) with their recipes'
+    settings: FP8 parameters gathered in FP8, the 405B recipe's pipeline layout (embedding and loss as
+    slots), Megatron-FSDP with a quarter of the 70B's layers' activations offloaded, the 8B's full-iteration
+    graph. Every run whose table layout is its recipe's fits, and those runs are within 10% each (they
+    check the GB300 catalog entry on dense GEMM-bound work). MD-008, whose table layout (MBS 2, no
+    interleaving) is not its recipe's and would not fit, stays in the file as a documented miss."""
+    report = run_validation(PUBLISHED_DENSE_RUNS)
+    assert report.skipped == [] and {r.gpu for r in report.rows} == {"GB300"}
+    assert {r.id for r in report.not_fitting()} == {"MD-008"}
+    as_recipe = [r for r in report.rows if r.id not in ("MD-004", "MD-008", "MD-010", "MD-011")]
+    assert all(abs(r.error_pct) < 10 for r in as_recipe), [(r.id, round(r.error_pct, 1)) for r in as_recipe]
+    big = published_case("MD-001").plan
+    assert big.fp8_params and big.pp_layout == (3,) + (4,) * 30 + (3,)
+    fsdp = published_case("MD-005").plan
+    assert (fsdp.zero, fsdp.offload_activations, fsdp.fp8_recipe) == (3, 0.25, "tensorwise")
+    assert published_case("MD-011").plan.cuda_graphs == ("full_iteration",)
+    assert published_case("MD-011").plan.fp8_recipe == "mxfp8"
 
 
 def test_kernels_per_step_match_the_nsight_count_of_the_qwen3_ab():

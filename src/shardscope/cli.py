@@ -89,7 +89,9 @@ def estimate(
     video: Annotated[str | None, typer.Option(help="video DiT clip FRAMESxHEIGHTxWIDTH (sets the token count)")] = None,
     precision: Annotated[str, typer.Option(help="bf16 | fp16 | fp8")] = "bf16",
     fp8_recipe: Annotated[str, typer.Option(help="tensorwise | delayed | blockwise | mxfp8")] = "tensorwise",
-    fp8_all_gather: Annotated[bool, typer.Option(help="FSDP/ZeRO gathers FP8 weights")] = False,
+    fp8_all_gather: Annotated[
+        bool, typer.Option(help="FP8 parameters, gathered in FP8, no BF16 copy (Megatron --fp8-param-gather)")
+    ] = False,
     attention_kernel: Annotated[str, typer.Option(help="auto | fa2 | fa3 | cudnn")] = "auto",
     tp_comm_overlap: Annotated[bool, typer.Option(help="overlap TP collectives with GEMMs")] = False,
     ep: Annotated[int, typer.Option(help="expert-parallel degree (carved out of dp·cp·tp)")] = 1,

@@ -160,8 +160,11 @@ def model_state_bytes(n_params: float, plan: Plan, shard: int | None = None) -> 
     if plan.fsdp:  # FSDP2 keeps gradients in the sharded fp32 parameters' dtype
         return StateBytes(4 * n_params / shard, 4 * n_params / shard, moments * n_params / shard)
     z = plan.zero
+    # FP8 parameters: the FP8 weights are the parameters (sharded here under ZeRO-3, else counted with the
+    # step's FP8 weight copies in `buffer_bytes`); no BF16 copy exists
+    weight_bytes = (1 if z >= 3 else 0) if plan.fp8_params else 2
     return StateBytes(
-        params=2 * n_params / (shard if z >= 3 else 1),
+        params=weight_bytes * n_params / (shard if z >= 3 else 1),
         grads=plan.main_grad_bytes * n_params / (shard if z >= 2 else 1),
         optimizer=(4 + moments) * n_params / (shard if z >= 1 else 1),
     )
@@ -235,15 +238,19 @@ def buffer_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int, ar
     gathered = sum(n * per_kind[k] for k, n in counts.items())
     if stage == plan.mtp_rank:
         gathered += sum(mtp_params_local(model, plan)) if plan.mtp else 0.0
-    if (plan.fsdp or plan.zero == 3) and plan.shard_size > 1:
-        # Current + prefetched gathered layers (bf16) and an unsharded fp32 gradient being reduce-scattered.
-        buf += (1 + plan.fsdp_prefetch) * BF16 * biggest + FP32 * biggest
+    copy = weight_copy_bytes_per_param(plan, arch) if plan.precision == "fp8" else 0.0
+    sharded = (plan.fsdp or plan.zero == 3) and plan.shard_size > 1
+    if sharded:
+        # Current + prefetched gathered layers (bf16, or the FP8 copies themselves with FP8 parameters) and
+        # an unsharded fp32 gradient being reduce-scattered.
+        gather = copy if plan.fp8_params else BF16
+        buf += (1 + plan.fsdp_prefetch) * gather * biggest + FP32 * biggest
         if plan.reshard_after_forward:
             gathered = (1 + plan.fsdp_prefetch) * biggest
         else:
-            buf += BF16 * stage_params_local(model, plan, stage)
-    if plan.precision == "fp8":
-        buf += weight_copy_bytes_per_param(plan, arch) * gathered
+            buf += gather * stage_params_local(model, plan, stage)
+    if copy and not (sharded and plan.fp8_params):
+        buf += copy * gathered
     if stage == plan.pp - 1:
         # Loss backward: fp32 gradient of the logits and its bf16 cast for the output GEMM (a fused kernel
         # writes the bf16 gradient directly).

@@ -56,6 +56,8 @@ class Plan:
     seq_len: int = 2048
     precision: Precision = "bf16"
     fp8_recipe: Fp8Recipe = "tensorwise"
+    # FP8 parameters: the weights are held and all-gathered in FP8, with no BF16 copy (Megatron
+    # --fp8-param-gather, torchao's FSDP float8 all-gather); the optimizer keeps its fp32 master weights
     fp8_all_gather: bool = False
     attention_kernel: AttentionKernel = "auto"
     tp_comm_overlap: bool = False
@@ -125,6 +127,11 @@ class Plan:
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def fp8_params(self) -> bool:
+        """The weights live in FP8 (`fp8_all_gather` on an FP8 plan)."""
+        return self.precision == "fp8" and self.fp8_all_gather
 
     @property
     def grad_accum(self) -> int:

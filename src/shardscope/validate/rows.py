@@ -287,6 +287,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             recompute_modules=tuple(recipe["recompute_modules"]) if recipe and recompute == "selective" else None,
             precision="fp8" if precision == "fp8" else "bf16",
             fp8_recipe=((recipe or {}).get("fp8_recipe") or fp8_recipe(row)) if precision == "fp8" else "tensorwise",
+            fp8_all_gather=bool(recipe and recipe.get("fp8_param_gather")),
             attention_kernel=_attention_kernel(row),
             tp_comm_overlap=row.get("source") in MEGATRON_SOURCES,
             fused_activation=megatron_core(row),
@@ -296,6 +297,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             optimizer_moments=recipe.get("optimizer_moments", "fp32") if recipe else "fp32",
             main_grads=recipe.get("main_grads", "fp32") if recipe else "fp32",
             offload_optimizer=bool(recipe and recipe.get("offload_optimizer")),
+            offload_activations=recipe.get("offload_activations", 0.0) if recipe else 0.0,
             overlap_grad_reduce=recipe.get("overlap_grad_reduce", True) if recipe else True,
             **_moe_settings(row, recipe),
             # Megatron-Bridge's DeepSeek-V3 recipe trains the MTP module unless the table says "w/o MTP".
