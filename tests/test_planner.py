@@ -146,6 +146,8 @@ def test_megatron_flags_for_moe_and_fp8():
     args = to_megatron(m, plan)
     assert "--expert-model-parallel-size" in args and args[args.index("--expert-model-parallel-size") + 1] == "64"
     assert args[args.index("--fp8-recipe") + 1] == "blockwise" and "--use-distributed-optimizer" in args
+    assert "--fp8-param-gather" not in args
+    assert "--fp8-param-gather" in to_megatron(m, dataclasses.replace(plan, fp8_all_gather=True))
     assert "--cuda-graph-impl" not in args  # eager
     assert args[args.index("--moe-token-dispatcher-type") + 1] == "alltoall"
     hybridep = to_megatron(m, dataclasses.replace(plan, ep_dispatch="hybridep"))

@@ -157,6 +157,8 @@ def to_megatron(model: ModelSpec, plan: Plan) -> list[str]:
     args.append("--bf16")
     if plan.precision == "fp8":
         args += ["--fp8-format", "hybrid", "--fp8-recipe", plan.fp8_recipe]
+        if plan.fp8_params:  # FP8 parameters, all-gathered in FP8
+            args.append("--fp8-param-gather")
     if plan.tp_comm_overlap:
         args.append("--tp-comm-overlap")
     if model.mlp == "swiglu" and not plan.fused_activation:  # Megatron fuses by default; match the estimate
