@@ -293,7 +293,7 @@ def step_costs(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepCosts:
     graph = build_stage_graph(model, plan, gpu.arch)
     groups = place_groups(cluster, plan)
     # Weights travel in bf16, or in FP8 where the framework all-gathers FP8 weights (torchao / Megatron-FSDP).
-    gather_bytes = 1 if (plan.precision == "fp8" and plan.fp8_all_gather) else BF16
+    gather_bytes = 1 if plan.fp8_params else BF16
     return StepCosts(
         graph=graph,
         groups=groups,
