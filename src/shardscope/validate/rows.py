@@ -262,6 +262,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
     model = model_from_row(row)
     cluster = make_cluster(row["gpu"], _int(row, "num_gpus"))
     recipe = run_recipe(row)
+    settings = recipe or {}  # the recipe's optional fields, each with the frameworks' default
     recompute = (row.get("recompute") or (recipe["recompute"] if recipe else "") or "none").strip().lower()
     recompute_layers = 0
     if recompute.startswith("selective"):
@@ -276,7 +277,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             tp=_int(row, "tp", 1),
             pp=_int(row, "pp", 1),
             vpp=_int(row, "vpp", 1),
-            pp_layout=recipe.get("pp_layout") if recipe else None,
+            pp_layout=settings.get("pp_layout"),
             cp=_int(row, "cp", 1),
             dp=_int(row, "dp", 0) or None,
             micro_batch=_int(row, "micro_batch", 1),
@@ -286,19 +287,19 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             recompute_layers=recompute_layers,
             recompute_modules=tuple(recipe["recompute_modules"]) if recipe and recompute == "selective" else None,
             precision="fp8" if precision == "fp8" else "bf16",
-            fp8_recipe=((recipe or {}).get("fp8_recipe") or fp8_recipe(row)) if precision == "fp8" else "tensorwise",
-            fp8_all_gather=bool(recipe and recipe.get("fp8_param_gather")),
+            fp8_recipe=(settings.get("fp8_recipe") or fp8_recipe(row)) if precision == "fp8" else "tensorwise",
+            fp8_all_gather=bool(settings.get("fp8_param_gather")),
             attention_kernel=_attention_kernel(row),
             tp_comm_overlap=row.get("source") in MEGATRON_SOURCES,
             fused_activation=megatron_core(row),
             fused_cross_entropy=row.get("source") in FUSED_CROSS_ENTROPY_SOURCES,
             causal_block_skip=row.get("source") != "MOSAICML_LLMFOUNDRY",
             ep=_int(row, "ep", 1),
-            optimizer_moments=recipe.get("optimizer_moments", "fp32") if recipe else "fp32",
-            main_grads=recipe.get("main_grads", "fp32") if recipe else "fp32",
-            offload_optimizer=bool(recipe and recipe.get("offload_optimizer")),
-            offload_activations=recipe.get("offload_activations", 0.0) if recipe else 0.0,
-            overlap_grad_reduce=recipe.get("overlap_grad_reduce", True) if recipe else True,
+            optimizer_moments=settings.get("optimizer_moments", "fp32"),
+            main_grads=settings.get("main_grads", "fp32"),
+            offload_optimizer=bool(settings.get("offload_optimizer")),
+            offload_activations=settings.get("offload_activations", 0.0),
+            overlap_grad_reduce=settings.get("overlap_grad_reduce", True),
             **_moe_settings(row, recipe),
             # Megatron-Bridge's DeepSeek-V3 recipe trains the MTP module unless the table says "w/o MTP".
             mtp=bool(case_model_mtp(row)),
