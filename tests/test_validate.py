@@ -269,3 +269,34 @@ def test_peak_memory_of_the_qwen3_ab_as_measured():
     assert peak == pytest.approx(62.166, rel=0.05)
     fp32 = estimate_step(case.model, case.cluster, replace(case.plan, main_grads="fp32")).memory.peak_gib
     assert fp32 > 1.05 * 62.166
+
+
+@pytest.mark.parametrize(
+    ("source", "container", "fused"),
+    [
+        ("MBRIDGE_PERF", "25.11", True),  # TE 2.9/2.10: gradient written into the bf16 logits
+        ("MBRIDGE_PERF", "26.06", True),  # TE 2.16
+        ("MBRIDGE_PERF", "26.08", False),  # TE 2.18: an fp32 gradient (TE PR #3193)
+        ("MBRIDGE_MOE_AB", None, False),  # no container named: the current TE's fp32 accounting
+        ("NARAYANAN2021", None, False),  # Megatron-LM of 2021: unfused
+    ],
+)
+def test_loss_kernel_follows_the_container(source: str, container: str | None, fused: bool):
+    """Megatron-Bridge runs take Transformer Engine's fused cross-entropy; which bytes it keeps depends on
+    the TE release in the row's NeMo container."""
+    from shardscope.validate.rows import fused_cross_entropy
+
+    notes = f"NeMo container {container}, DGX-H100" if container else "measured run"
+    assert fused_cross_entropy({"source": source, "notes": notes}) is fused
+
+
+def test_in_place_cross_entropy_frees_the_fp32_logits():
+    """A fused loss keeps the bf16 logits instead of their fp32 copy (2 bytes per logit less) and writes a
+    bf16 gradient without the fp32 one (4 bytes less): Qwen3-30B-A3B, 4096 tokens x 151,936 vocab = 3.5 GiB.
+    TE <= 2.16 writes that gradient into the saved logits themselves, 2 bytes more that the model keeps."""
+    from shardscope.analytic.step import estimate_step
+
+    case = published_case("QA-003")
+    unfused = estimate_step(case.model, case.cluster, case.plan).memory.peak_gib
+    fused = estimate_step(case.model, case.cluster, replace(case.plan, fused_cross_entropy=True)).memory.peak_gib
+    assert unfused - fused == pytest.approx(6 * 4096 * 151_936 / 2**30, rel=0.02)

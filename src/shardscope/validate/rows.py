@@ -51,20 +51,22 @@ from shardscope.hardware.catalog import Cluster, load_gpu, make_cluster
 from shardscope.models.spec import GPT_BLOCK, ModelSpec
 from shardscope.plan.plan import Plan, cuda_graph_scopes, make_plan
 
-MEGATRON_SOURCES = {
-    "MBRIDGE_PERF",
-    "NEMO_2407_PERF",
-    "MCORE_MOE_REPORT",
-    "MBRIDGE_MOE_AB",
-    "MBRIDGE_CARD",
-    "MBRIDGE_CG_AB",
-}
+MEGATRON_BRIDGE_SOURCES = {"MBRIDGE_PERF", "MBRIDGE_MOE_AB", "MBRIDGE_CARD", "MBRIDGE_CG_AB"}
+MEGATRON_SOURCES = MEGATRON_BRIDGE_SOURCES | {"NEMO_2407_PERF", "MCORE_MOE_REPORT"}
 # Megatron-Core runs of today (distributed optimizer, fused activations); Narayanan 2021 predates both.
 # The Wan table's NeMo AutoModel rows are not: diffusers' WanTransformer3DModel under PyTorch FSDP2.
 MEGATRON_CORE_SOURCES = MEGATRON_SOURCES | {"WAN_DIT_PERF"}
 # llm-foundry's MPT takes `loss_fn: fused_crossentropy` by default (flash-attn's xentropy kernel;
-# llmfoundry/models/mpt/modeling_mpt.py at 8c8dd48), and its benchmark configs keep the default
+# llmfoundry/models/mpt/modeling_mpt.py at 8c8dd48), and its benchmark configs keep the default.
 FUSED_CROSS_ENTROPY_SOURCES = {"MOSAICML_LLMFOUNDRY"}
+# Megatron-Bridge's GPT provider sets `cross_entropy_loss_fusion=True` (models/gpt_provider.py) and its
+# perf scripts `cross_entropy_fusion_impl="te"` (scripts/performance/utils/overrides.py, perf_recipes/
+# _common.py): Transformer Engine's Triton cross-entropy. Up to TE 2.16 it writes the logit gradient into
+# the bf16 logits in place (the fused accounting); TE 2.18 (PR #3193, 2026-07) keeps an fp32 gradient, as
+# many bytes as the unfused path. NeMo containers up to 26.06 ship TE <= 2.16, 26.08 TE 2.18
+# (Megatron-Bridge docs/releases/software-versions.md). Runs naming no container keep the fp32 accounting:
+# the Qwen3-30B A/B's measured rank-0 peak (62.2 GiB, July 2026) is 60.8 GiB with it, 57.4 without.
+LAST_CONTAINER_WITH_INPLACE_CROSS_ENTROPY = (26, 6)
 
 
 class SkipRow(Exception):
@@ -214,6 +216,16 @@ def nemo_container(notes: str) -> str | None:
     return match.group(1) if match else None
 
 
+def fused_cross_entropy(row: dict[str, str]) -> bool:
+    """Whether the run's loss kernel keeps only the bf16 logits (see `FUSED_CROSS_ENTROPY_SOURCES`)."""
+    if row.get("source") in FUSED_CROSS_ENTROPY_SOURCES:
+        return True
+    container = nemo_container(row.get("notes", ""))
+    if row.get("source") not in MEGATRON_BRIDGE_SOURCES or container is None:
+        return False
+    return tuple(int(part) for part in container.split(".")[:2]) <= LAST_CONTAINER_WITH_INPLACE_CROSS_ENTROPY
+
+
 def megatron_bridge_recipe(row: dict[str, str]) -> dict | None:
     """The perf recipe behind a Megatron-Bridge row: matched on model, system, GPUs, the precision as
     listed and the container release (both from the row's notes)."""
@@ -292,7 +304,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             attention_kernel=_attention_kernel(row),
             tp_comm_overlap=row.get("source") in MEGATRON_SOURCES,
             fused_activation=megatron_core(row),
-            fused_cross_entropy=row.get("source") in FUSED_CROSS_ENTROPY_SOURCES,
+            fused_cross_entropy=fused_cross_entropy(row),
             causal_block_skip=row.get("source") != "MOSAICML_LLMFOUNDRY",
             ep=_int(row, "ep", 1),
             optimizer_moments=settings.get("optimizer_moments", "fp32"),
