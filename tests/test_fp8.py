@@ -62,14 +62,16 @@ def test_fp8_all_gather_halves_fsdp_traffic():
 def test_fp8_parameters_drop_the_bf16_weights():
     """With FP8 parameters (Megatron --fp8-param-gather) the FP8 weights are the parameters: under the
     distributed optimizer the BF16 weights (2 bytes per local parameter) are gone and nothing else moves;
-    under ZeRO-3 the shard is kept in FP8 and layers are gathered as their FP8 copies, never in BF16."""
+    under ZeRO-3 the shard is kept in FP8 and layers are gathered as their FP8 copies, never in BF16; the
+    same with the optimizer offloaded to the host."""
     from shardscope.analytic.step import estimate_step
     from shardscope.costs.memory import rank_params_local, rank_state_bytes
 
     m = load_model("llama3.1-70b")
     c = make_cluster("GB200", 64)
-    for zero in (1, 3):
+    for zero, offload in ((1, False), (3, False), (1, True), (3, True)):
         kw = dict(tp=1, pp=4, global_batch=64, seq_len=8192, precision="fp8", zero=zero, recompute="full")
+        kw["offload_optimizer"] = offload
         bf16_weights = make_plan(m, c, **kw)
         fp8_weights = make_plan(m, c, fp8_all_gather=True, **kw)
         a, b = (estimate_step(m, c, p) for p in (bf16_weights, fp8_weights))

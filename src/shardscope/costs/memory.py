@@ -149,20 +149,17 @@ class StateBytes:
 def model_state_bytes(n_params: float, plan: Plan, shard: int | None = None) -> StateBytes:
     """Weights, gradients and optimizer state of `n_params` parameters sharded over `shard` ranks."""
     shard = plan.shard_size if shard is None else shard
-    if plan.offload_optimizer:  # bf16 weights and a bf16 gradient buffer stay; the rest lives on the host
-        sharded = plan.fsdp or plan.zero >= 2
-        return StateBytes(
-            2 * n_params / (shard if (plan.fsdp or plan.zero >= 3) else 1),
-            2 * n_params / (shard if sharded else 1),
-            0.0,
-        )
-    moments = 2 * plan.moment_bytes
-    if plan.fsdp:  # FSDP2 keeps gradients in the sharded fp32 parameters' dtype
-        return StateBytes(4 * n_params / shard, 4 * n_params / shard, moments * n_params / shard)
     z = plan.zero
     # FP8 parameters: the FP8 weights are the parameters (sharded here under ZeRO-3, else counted with the
     # step's FP8 weight copies in `buffer_bytes`); no BF16 copy exists
     weight_bytes = (1 if z >= 3 else 0) if plan.fp8_params else 2
+    if plan.offload_optimizer:  # the weights and a bf16 gradient buffer stay; the rest lives on the host
+        sharded_weights = plan.fsdp or z >= 3
+        weights = (1 if plan.fp8_params else 2) / shard if sharded_weights else weight_bytes
+        return StateBytes(weights * n_params, 2 * n_params / (shard if (plan.fsdp or z >= 2) else 1), 0.0)
+    moments = 2 * plan.moment_bytes
+    if plan.fsdp:  # FSDP2 keeps gradients in the sharded fp32 parameters' dtype
+        return StateBytes(4 * n_params / shard, 4 * n_params / shard, moments * n_params / shard)
     return StateBytes(
         params=weight_bytes * n_params / (shard if z >= 3 else 1),
         grads=plan.main_grad_bytes * n_params / (shard if z >= 2 else 1),
