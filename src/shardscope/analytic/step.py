@@ -292,8 +292,12 @@ def step_costs(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepCosts:
     gpu = cluster.gpu
     graph = build_stage_graph(model, plan, gpu.arch)
     groups = place_groups(cluster, plan)
-    # Weights travel in bf16, or in FP8 where the framework all-gathers FP8 weights (torchao / Megatron-FSDP).
-    gather_bytes = 1 if plan.fp8_params else BF16
+    # Weights travel in bf16, or in FP8 where the framework all-gathers FP8 weights (torchao / Megatron-FSDP,
+    # Megatron's distributed optimizer with per-tensor FP8). MXFP8 parameters under the distributed optimizer
+    # are gathered in BF16 into the reused gradient buffer and quantized locally (Megatron-Core
+    # `reuse_grad_buf_for_mxfp8_param_ag`, set by Megatron-Bridge's `bf16_with_mxfp8_mixed`).
+    bf16_gather = plan.fp8_recipe == "mxfp8" and not (plan.fsdp or plan.zero >= 3)
+    gather_bytes = 1 if plan.fp8_params and not bf16_gather else BF16
     return StepCosts(
         graph=graph,
         groups=groups,
