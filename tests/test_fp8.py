@@ -84,3 +84,20 @@ def test_fp8_parameters_drop_the_bf16_weights():
             assert sb.params == sa.params / 2
             assert b.memory.buffers_gib < a.memory.buffers_gib
         assert a.memory.activations_gib == b.memory.activations_gib
+
+
+@pytest.mark.parametrize(
+    ("recipe", "zero", "width"),
+    [("tensorwise", 1, 1), ("mxfp8", 1, 2), ("mxfp8", 3, 1), ("blockwise", 1, 1)],
+)
+def test_fp8_parameter_gather_width(recipe: str, zero: int, width: int):
+    """Per-tensor FP8 parameters are all-gathered as FP8 bytes; MXFP8 ones under Megatron's distributed
+    optimizer are gathered in BF16 into the reused gradient buffer (`reuse_grad_buf_for_mxfp8_param_ag`)."""
+    from shardscope.analytic.step import step_costs
+
+    m = load_model("llama3.1-8b")
+    c = make_cluster("B200", 16)
+    plan = make_plan(
+        m, c, global_batch=64, seq_len=4096, precision="fp8", fp8_recipe=recipe, zero=zero, fp8_all_gather=True
+    )
+    assert step_costs(m, c, plan).gather_bytes == width
