@@ -296,3 +296,23 @@ def test_in_place_cross_entropy_frees_the_fp32_logits():
     unfused = estimate_step(case.model, case.cluster, case.plan).memory.peak_gib
     fused = estimate_step(case.model, case.cluster, replace(case.plan, fused_cross_entropy=True)).memory.peak_gib
     assert unfused - fused == pytest.approx(6 * 4096 * 151_936 / 2**30, rel=0.02)
+
+
+def _guide_errors() -> dict[str, float]:
+    report = run_validation(PUBLISHED_MOE_RUNS)
+    return {r.id: r.error_pct for r in report.rows if r.id.startswith("MG-")}
+
+
+def test_dsv3_gb200_guide_final_state_as_measured():
+    """The DeepSeek-V3 GB200 guide's HybridEP rows (graphed attention and router, 256 GPUs) are within 10%."""
+    errors = _guide_errors()
+    assert set(errors) == {"MG-002", "MG-003", "MG-004", "MG-005", "MG-010", "MG-012"}
+    assert abs(errors["MG-010"]) < 10 and abs(errors["MG-012"]) < 10
+
+
+@pytest.mark.xfail(strict=True, reason="eager MoE host overhead is under-modelled: +41..+65% on the guide's rows")
+def test_dsv3_gb200_guide_eager_rows_as_measured():
+    """The same layout before HybridEP (NCCL all-to-all or DeepEP, eager or partly graphed) measured 540-663
+    TFLOP/s; the model puts all of them near the final state's time. Fails until the eager overhead is found."""
+    errors = _guide_errors()
+    assert all(abs(errors[i]) < 25 for i in ("MG-002", "MG-003", "MG-004", "MG-005"))
