@@ -24,7 +24,7 @@ import re
 
 from shardscope.models.spec import ModelSpec
 from shardscope.result import Estimate
-from shardscope.validate.rows import nemo_container
+from shardscope.validate.rows import container_release
 
 # Peaks the sources divide by (TFLOP/s): MosaicML states 989 (H100 BF16), 1979 (H100 FP8), 312 (A100);
 # Narayanan 2021 312; Llama 3 (PaLM MFU) the H100 BF16 989.
@@ -56,13 +56,8 @@ def flops_per_step(defn: str, model: ModelSpec, est: Estimate, notes: str, sourc
         # FLOPs, which reproduces the DeepSeek-V3 rows' TFLOP/s-to-tokens/s ratios within 0.5%.
         return est.model_flops_per_step
     if defn == "megatron_bridge":
-        return tokens * megatron_bridge_flops_per_token(model, s, source, _container(notes))
+        return tokens * megatron_bridge_flops_per_token(model, s, source, container_release(notes))
     return None
-
-
-def _container(notes: str) -> tuple[int, ...]:
-    release = nemo_container(notes)
-    return tuple(int(x) for x in release.split(".")) if release else ()
 
 
 # The first container whose Megatron-Bridge counts every gated MLP at 3/2 and sliding windows exactly.

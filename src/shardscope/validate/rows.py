@@ -220,10 +220,16 @@ def fused_cross_entropy(row: dict[str, str]) -> bool:
     """Whether the run's loss kernel keeps only the bf16 logits (see `FUSED_CROSS_ENTROPY_SOURCES`)."""
     if row.get("source") in FUSED_CROSS_ENTROPY_SOURCES:
         return True
-    container = nemo_container(row.get("notes", ""))
-    if row.get("source") not in MEGATRON_BRIDGE_SOURCES or container is None:
+    release = container_release(row.get("notes", ""))
+    if row.get("source") not in MEGATRON_BRIDGE_SOURCES or not release:
         return False
-    return tuple(int(part) for part in container.split(".")[:2]) <= LAST_CONTAINER_WITH_INPLACE_CROSS_ENTROPY
+    return release[:2] <= LAST_CONTAINER_WITH_INPLACE_CROSS_ENTROPY
+
+
+def container_release(notes: str) -> tuple[int, ...]:
+    """The NeMo container release as numbers ((26, 4, 1) for 26.04.01), empty when the notes name none."""
+    release = nemo_container(notes)
+    return tuple(int(x) for x in release.split(".")) if release else ()
 
 
 def megatron_bridge_recipe(row: dict[str, str]) -> dict | None:
