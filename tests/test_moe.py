@@ -263,6 +263,20 @@ def test_all_to_all_volume_for_balanced_routing():
         assert all(c.bytes == pytest.approx(load * tokens * m.moe.top_k * m.hidden * 2, rel=1e-12) for c in dispatch)
 
 
+def test_capacity_pads_every_expert():
+    """Token dropping pads each expert to its capacity (static shapes, no host sync): at c = 1.25 every rank
+    runs and exchanges 1.25x the balanced rows whatever the skew, and the skew only sets what is dropped."""
+    for skew in (0.0, 1.0):
+        m, plan, g = _graph("qwen3-30b-a3b", gpus=8, ep=8, capacity_factor=1.25, moe_skew=skew)
+        layer = g.layers[LayerKind("full", "moe")]
+        up = next(op for op in layer.ops if op.name == "experts gate/up proj")
+        tokens = plan.micro_batch * plan.seq_len
+        assert up.mnk[0] == pytest.approx(1.25 * tokens * m.moe.top_k, rel=1e-3)
+        dispatch = next(c for c in layer.comms if c.name == "ep dispatch all-to-all")
+        assert dispatch.bytes == pytest.approx(1.25 * tokens * m.moe.top_k * m.hidden * 2, rel=1e-12)
+        assert (g.routing.dropped_fraction > 0) == (skew > 0)
+
+
 def _brute_bin_hit(experts: int, k: int, groups: int, per_token: int, bins: int) -> float:
     """Enumerate every group choice and every k-subset of their experts: the fraction hitting bin 0."""
     from itertools import combinations

@@ -97,8 +97,10 @@ def estimate(
     ep: Annotated[int, typer.Option(help="expert-parallel degree (carved out of dp·cp·tp)")] = 1,
     etp: Annotated[int, typer.Option(help="expert tensor-parallel degree")] = 1,
     moe_skew: Annotated[float, typer.Option(help="Zipf exponent of expert popularity (0 = balanced)")] = 0.0,
-    moe_imbalance: Annotated[float, typer.Option(help="extra load factor on the hottest EP rank")] = 1.0,
-    capacity_factor: Annotated[float, typer.Option(help="expert capacity factor (0 = dropless)")] = 0.0,
+    moe_imbalance: Annotated[float, typer.Option(help="extra load factor on the hottest EP rank (dropless)")] = 1.0,
+    capacity_factor: Annotated[
+        float, typer.Option(help="expert capacity factor, experts padded to it (0 = dropless)")
+    ] = 0.0,
     mtp: Annotated[bool, typer.Option(help="train the multi-token-prediction modules (DeepSeek-V3)")] = False,
     ep_comm_overlap: Annotated[bool, typer.Option(help="hide EP all-to-alls under another micro-batch")] = False,
     ep_dispatch: Annotated[
