@@ -318,14 +318,15 @@ def test_token_drop_runs_carry_their_settings():
         assert len(plan.pp_layout) == chunks and sum(plan.pp_layout) == 94
 
 
-def _token_drop_errors() -> dict[str, float]:
+def _published_moe_errors(prefix: str) -> dict[str, float]:
+    """Error (%) of each measured MoE run whose id starts with `prefix`."""
     report = run_validation(PUBLISHED_MOE_RUNS)
-    return {r.id: r.error_pct for r in report.rows if r.id.startswith("MT-")}
+    return {r.id: r.error_pct for r in report.rows if r.id.startswith(prefix)}
 
 
 def test_token_drop_runs_on_h100_as_measured():
     """The 25.09 H100 rows (token drop on Qwen3, dropless DeepEP on DeepSeek-V3) are within 20%."""
-    errors = _token_drop_errors()
+    errors = _published_moe_errors("MT-")
     assert all(abs(errors[i]) < 20 for i in ("MT-004", "MT-005", "MT-009", "MT-014")), errors
 
 
@@ -334,19 +335,14 @@ def test_token_drop_runs_on_blackwell_as_measured():
     """The 25.09 GB200/B200 rows: token drop with padded experts, so no host synchronisation, and the Qwen3
     runs graph whole layers, so no host time at all; the model still puts them 33-50% faster than
     measured (DeepSeek-V3 on GB200 18%). The miss is on the GPU side; fails until it is found."""
-    errors = _token_drop_errors()
+    errors = _published_moe_errors("MT-")
     blackwell = ("MT-001", "MT-002", "MT-003", "MT-006", "MT-007", "MT-008", "MT-010", "MT-011", "MT-012", "MT-013")
     assert all(abs(errors[i]) < 25 for i in blackwell), errors
 
 
-def _guide_errors() -> dict[str, float]:
-    report = run_validation(PUBLISHED_MOE_RUNS)
-    return {r.id: r.error_pct for r in report.rows if r.id.startswith("MG-")}
-
-
 def test_dsv3_gb200_guide_final_state_as_measured():
     """The DeepSeek-V3 GB200 guide's HybridEP rows (graphed attention and router, 256 GPUs) are within 10%."""
-    errors = _guide_errors()
+    errors = _published_moe_errors("MG-")
     assert set(errors) == {"MG-002", "MG-003", "MG-004", "MG-005", "MG-010", "MG-012"}
     assert abs(errors["MG-010"]) < 10 and abs(errors["MG-012"]) < 10
 
@@ -355,5 +351,5 @@ def test_dsv3_gb200_guide_final_state_as_measured():
 def test_dsv3_gb200_guide_eager_rows_as_measured():
     """The same layout before HybridEP (NCCL all-to-all or DeepEP, eager or partly graphed) measured 540-663
     TFLOP/s; the model puts all of them near the final state's time. Fails until the eager overhead is found."""
-    errors = _guide_errors()
+    errors = _published_moe_errors("MG-")
     assert all(abs(errors[i]) < 25 for i in ("MG-002", "MG-003", "MG-004", "MG-005"))
