@@ -1,5 +1,5 @@
-"""Video diffusion transformers: exact parameter counts, video token counts, and the FLOPs of a real
-Wan block under PyTorch's FLOP counter."""
+"""Video diffusion transformers: exact parameter counts, video token counts, and the FLOPs and saved
+activations of a real Wan block under PyTorch's FLOP counter and autograd (FakeTensorMode)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from shardscope.plan.plan import make_plan
 torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+from torch_reference import NormModulate, ScaleAdd, WanBlock, saved_activation_bytes  # noqa: E402
 
 
 def test_wan_parameter_counts():
@@ -80,3 +81,95 @@ def test_wan_14b_plan_from_the_issue():
     )
     assert e.params.total == 14288491584
     assert e.fits and 0 < e.mfu < 1
+
+
+def test_compiled_adaln_regions_keep_what_the_partitioner_keeps():
+    """Megatron-DFM runs Wan's adaLN `normalize_modulate` and gated residual under torch.compile
+    (Megatron-Core `jit_fuser`). What they keep for backward is what AOTAutograd's min-cut partitioner,
+    with Inductor's decompositions, saves from the forward graph: the input, the scale and the fp32
+    LayerNorm statistics (the normalised tensor is recomputed), and the branch output with the gate.
+    The reference block's `NormModulate` and `ScaleAdd` keep exactly those."""
+    from functorch.compile import aot_function, make_boxed_func, min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    def norm_modulate(x, shift, scale):
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), eps=1e-6) * (1 + scale) + shift
+
+    def scale_add(residual, x, gate):
+        return residual + gate * x
+
+    def partitioner_keeps(fn, *args) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        kept = []
+
+        def forward_compiler(gm, _):
+            outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+            kept.extend((tuple(v.meta["val"].shape), v.meta["val"].dtype) for v in outputs[1:])
+            return make_boxed_func(gm.forward)
+
+        compiled = aot_function(
+            fn,
+            fw_compiler=forward_compiler,
+            bw_compiler=lambda gm, _: make_boxed_func(gm.forward),
+            partition_fn=min_cut_rematerialization_partition,
+            decompositions=select_decomp_table(),
+        )
+        compiled(*args)
+        return kept
+
+    def function_keeps(fn, *args) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        return [(tuple(t.shape), t.dtype) for t in fn.apply(*args).grad_fn.saved_tensors]
+
+    s, d = 64, 32
+    bf16 = dict(dtype=torch.bfloat16, requires_grad=True)
+    x, residual, branch = (torch.randn(s, 1, d, **bf16) for _ in range(3))
+    shift, scale, gate = (torch.randn(1, 1, d, **bf16) for _ in range(3))
+    assert sorted(partitioner_keeps(norm_modulate, x, shift, scale), key=str) == sorted(
+        function_keeps(NormModulate, x, shift, scale), key=str
+    )
+    assert partitioner_keeps(scale_add, residual, branch, gate) == function_keeps(ScaleAdd, residual, branch, gate)
+
+
+@pytest.mark.parametrize("name", ["wan2.1-t2v-1.3b", "wan2.1-t2v-14b"])
+def test_wan_block_saved_activations_match_pytorch(name):
+    """What a real Wan block, built as Megatron-DFM builds it (`torch_reference.WanBlock`), keeps for
+    backward at full size under FakeTensorMode equals the graph's saved tensors (to 0.1%; the rest is the
+    adaLN vectors and the CPU LayerNorm's statistics): among them the cross-attention's q/k RMSNorm
+    inputs, the q projection's output and the text keys, which the graph once left out (3.8% short)."""
+    m = load_model(name)
+    s, text = 4096, m.dit.text_len
+    with FakeTensorMode():
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            block = WanBlock(m.hidden, m.heads, m.ffn_hidden)
+        finally:
+            torch.set_default_dtype(torch.float32)
+        x, context = (torch.randn(1, n, m.hidden, dtype=torch.bfloat16, requires_grad=True) for n in (s, text))
+        time_embedding = torch.randn(1, 6, m.hidden, dtype=torch.bfloat16, requires_grad=True)
+        cos, sin = (torch.randn(s, m.head_dim, dtype=torch.bfloat16) for _ in range(2))
+        out = block(x, context, time_embedding, cos, sin)
+        # the text context is one tensor every block reads: not this block's activation
+        measured, _ = saved_activation_bytes(out, [*block.parameters(), context, cos, sin])
+    plan = make_plan(m, make_cluster("H100", 1), global_batch=1, seq_len=s)
+    assert build_stage_graph(m, plan).layer.saved_bytes("none") == pytest.approx(measured, rel=1e-3)
+
+
+def test_qk_norm_across_heads_gathers_under_tp():
+    """Wan normalises q and k over all heads at once (`rms_norm_across_heads`): under TP each rank gathers
+    the heads, keeps the gathered input and has one statistic per token, where a per-head norm (Qwen3)
+    keeps its own heads and one statistic per head."""
+    for name, across in (("wan2.1-t2v-14b", True), ("qwen3-8b", False)):
+        m = load_model(name)
+        assert m.qk_norm and m.qk_norm_across_heads is across
+        saved = {}
+        for tp in (1, 2):
+            plan = make_plan(m, make_cluster("H100", tp), tp=tp, global_batch=1, seq_len=4096)
+            layer = build_stage_graph(m, plan).layer
+            saved[tp] = {x.name: x.bytes for x in layer.saved if x.name.startswith("q/k norm")}
+            gathers = [c for c in layer.comms if c.name == "tp all-gather q/k norm"]
+            assert len(gathers) == (2 if across and tp > 1 else 0)
+        if across:
+            assert saved[2]["q/k norm input"] == saved[1]["q/k norm input"]
+            assert saved[1]["q/k norm stats"] == 4 * 2 * 4096
+        else:
+            assert saved[2]["q/k norm input"] == saved[1]["q/k norm input"] / 2
+            assert saved[1]["q/k norm stats"] == 4 * 4096 * (m.heads + m.kv_heads)

@@ -248,3 +248,80 @@ class AtenBytes(TorchDispatchMode):
             tensors = [x for x in tree_flatten((args, kwargs, out))[0] if isinstance(x, torch.Tensor)]
             self.total += sum(x.numel() * x.element_size() for x in tensors)
         return out
+
+
+class NormModulate(torch.autograd.Function):
+    """Megatron-DFM's adaLN `normalize_modulate`: LayerNorm (no affine) then `x * (1 + scale) + shift`,
+    under Megatron's `jit_fuser` (torch.compile). The compiled region keeps its input, the scale and the
+    fp32 mean and rstd, and recomputes the normalised tensor in backward (AOTAutograd's min-cut
+    partitioner decides so; `test_compiled_adaln_regions_keep_what_the_partitioner_keeps` checks it)."""
+
+    @staticmethod
+    def forward(ctx, x, shift, scale, eps=1e-6):
+        xf = x.float()
+        mean = xf.mean(-1, keepdim=True)
+        rstd = torch.rsqrt((xf - mean).pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, scale, mean, rstd)
+        return (((xf - mean) * rstd) * (1 + scale) + shift).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):  # pragma: no cover - memory tests never run backward
+        raise NotImplementedError
+
+
+class ScaleAdd(torch.autograd.Function):
+    """Megatron-DFM's gated residual `residual + gate * x` (torch.compile): keeps the branch output and the
+    gate."""
+
+    @staticmethod
+    def forward(ctx, residual, x, gate):
+        ctx.save_for_backward(x, gate)
+        return residual + gate * x
+
+    @staticmethod
+    def backward(ctx, grad):  # pragma: no cover - memory tests never run backward
+        raise NotImplementedError
+
+
+class WanBlock(nn.Module):
+    """A Wan 2.1 block as Megatron-DFM builds it (`WanLayerWithAdaLN`, DFM @7cb7634): adaLN-modulated
+    self-attention (fused qkv with biases, q/k RMSNorm across heads on contiguous copies, RoPE,
+    non-causal flash attention), gated residual; LayerNorm (affine) then cross-attention to the text
+    (q from the video tokens, k/v from the text, q/k RMSNorm), plain residual; adaLN-modulated GeLU
+    (tanh) FFN, gated residual. Transformer Engine's attention takes non-contiguous q/k/v as copies."""
+
+    def __init__(self, hidden: int, heads: int, ffn: int):
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.modulation = nn.Parameter(torch.zeros(1, 6, hidden))
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.q_norm, self.k_norm = RMSNorm(hidden), RMSNorm(hidden)
+        self.o = nn.Linear(hidden, hidden)
+        self.norm3 = nn.LayerNorm(hidden)
+        self.cq, self.ckv, self.co = nn.Linear(hidden, hidden), nn.Linear(hidden, 2 * hidden), nn.Linear(hidden, hidden)
+        self.cq_norm, self.ck_norm = RMSNorm(hidden), RMSNorm(hidden)
+        self.fc1, self.fc2 = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
+
+    def _heads(self, x):
+        b, s, _ = x.shape
+        return x.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+
+    def _attend(self, q, k, v):
+        b, s = q.shape[0], q.shape[1]
+        out = F.scaled_dot_product_attention(self._heads(q), self._heads(k), self._heads(v))
+        return out.transpose(1, 2).reshape(b, s, -1)
+
+    def forward(self, x, context, temb, cos, sin):
+        b, s, d = x.shape
+        shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = (self.modulation + temb).unbind(1)
+        qkv = self.qkv(NormModulate.apply(x, shift[:, None], scale[:, None])).view(b, s, self.heads, 3, -1)
+        q, k, v = (qkv[..., i, :].contiguous().view(b, s, d) for i in range(3))
+        q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(self._heads(q), cos, sin).transpose(1, 2).reshape(b, s, d)
+        k = apply_rope(self._heads(k), cos, sin).transpose(1, 2).reshape(b, s, d)
+        x = ScaleAdd.apply(x, self.o(self._attend(q, k, v)), gate[:, None])
+        ck, cv = self.ckv(context).chunk(2, dim=-1)
+        cq = self.cq_norm(self.cq(self.norm3(x)))
+        x = x + self.co(self._attend(cq, self.ck_norm(ck.contiguous()), cv.contiguous()))
+        h = NormModulate.apply(x, shift_mlp[:, None], scale_mlp[:, None])
+        return ScaleAdd.apply(x, self.fc2(F.gelu(self.fc1(h), approximate="tanh")), gate_mlp[:, None])

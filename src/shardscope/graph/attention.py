@@ -19,6 +19,7 @@ from shardscope.graph.common import (
     flash_attention,
     gemm,
     norm,
+    qk_norm,
     residual,
     tagged,
     tp_collectives,
@@ -84,6 +85,7 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
     tp = plan.tp
     nh = model.heads // tp
     ops: list[Op] = []
+    qk_comms: list[Collective] = []
     saved: list[Saved] = [Saved("layer input", BF16 * t_sp * h, ALL)]
     norm1, stats1 = norm("attn norm", model, t_sp)
     ops += tagged([norm1], "layernorm")
@@ -135,9 +137,9 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
         q_w, k_w, v_w = nh * hd, kvh * hd, kvh * hd
         ops.append(gemm("qkv proj", t, q_w + k_w + v_w, h, sh.fp8))
         if model.qk_norm:
-            qk = BF16 * t * (q_w + k_w)
-            ops.append(Op("q/k norm", "memory", bytes=2 * qk, bwd_bytes=3 * qk, cheap=True))
-            saved += [Saved("q/k norm input", qk, NONE_ONLY), Saved("q/k norm stats", FP32 * t * (nh + kvh), NONE_ONLY)]
+            qk_op, qk_saved, qk_comms = qk_norm("q/k norm", model, plan, (t, t), (nh, kvh))
+            ops.append(qk_op)
+            saved += qk_saved
         if model.position == "rope":
             qk = BF16 * t * (q_w + k_w)
             ops.append(Op("rope", "memory", bytes=2 * qk, bwd_bytes=2 * qk, cheap=True))
@@ -160,9 +162,6 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
     ops.append(gemm("out proj", t, h, out_w, sh.fp8))
     ops.append(residual("attn residual add", model, t_sp))
     saved.append(Saved("attn residual (mlp norm input)", BF16 * t_sp * h, NOT_FULL))
-    group = OpGroup(
-        tuple(ops),
-        tuple(saved),
-        tuple(tp_collectives(plan, "attn", BF16 * t * h) + _cp_collectives(plan, t, kv_ring, a2a_w)),
-    )
+    comms = tp_collectives(plan, "attn", BF16 * t * h) + qk_comms + _cp_collectives(plan, t, kv_ring, a2a_w)
+    group = OpGroup(tuple(ops), tuple(saved), tuple(comms))
     return group, fp8_inputs, fp8_grads

@@ -99,6 +99,29 @@ def norm(name: str, model: ModelSpec, tokens: float, width: int | None = None) -
     return op, Saved(f"{name} stats", stats * tokens, NONE_ONLY)
 
 
+def qk_norm(
+    name: str, model: ModelSpec, plan: Plan, rows: tuple[float, float], heads: tuple[int, int]
+) -> tuple[Op, list[Saved], list[Collective]]:
+    """RMSNorm of q and k (`rows` tokens each, `heads` of this rank's heads each): the op, its saved input
+    and fp32 statistics, and its collectives. Per head (Qwen3) it normalises each head's vector; across
+    heads (Wan's `rms_norm_across_heads`) one vector of all heads, which under TP the rank first gathers
+    from the TP group and scatters back after (Megatron-DFM `layernorm_across_heads`): it keeps the
+    gathered input, and backward gathers the gradients the same way."""
+    hd = model.head_dim
+    across = model.qk_norm_across_heads
+    gathered = plan.tp if across else 1
+    elems = sum(r * h * hd for r, h in zip(rows, heads, strict=True))
+    op = Op(name, "memory", bytes=2 * BF16 * elems * gathered, bwd_bytes=3 * BF16 * elems * gathered, cheap=True)
+    stats = FP32 * sum(r * (1 if across else h) for r, h in zip(rows, heads, strict=True))
+    saved = [Saved(f"{name} input", BF16 * elems * gathered, NONE_ONLY), Saved(f"{name} stats", stats, NONE_ONLY)]
+    comms = [
+        Collective(f"tp all-gather {name}", "all_gather", "tp", BF16 * elems * plan.tp, phase)
+        for phase in ("fwd", "bwd")
+        if across and plan.tp > 1
+    ]
+    return op, saved, comms
+
+
 def residual(name: str, model: ModelSpec, tokens: float) -> Op:
     size = BF16 * tokens * model.hidden
     return Op(name, "memory", bytes=3 * size, bwd_bytes=3 * size, cheap=True)

@@ -22,6 +22,7 @@ from shardscope.graph.common import (
     flash_attention,
     gemm,
     norm,
+    qk_norm,
     residual,
     tp_collectives,
 )
@@ -54,17 +55,12 @@ def _cross_attention(model: ModelSpec, plan: Plan) -> tuple[OpGroup, float, floa
     cn, cs = norm("cross-attn norm", model, t_sp)
     flops = 4.0 * plan.micro_batch * nh * hd * (plan.seq_len / plan.cp) * model.dit.text_len
     io = BF16 * (2 * t * w + 2 * text * w)
+    qk_op, qk_saved, qk_comms = qk_norm("cross-attn q/k norm", model, plan, (t, text), (nh, nh))
     ops = [
         cn,
         gemm("cross-attn q proj", t, w, d, sh.fp8),
         gemm("cross-attn kv proj (text)", text, 2 * w, d, sh.fp8),
-        Op(
-            "cross-attn q/k norm",
-            "memory",
-            bytes=2 * BF16 * (t + text) * w,
-            bwd_bytes=3 * BF16 * (t + text) * w,
-            cheap=True,
-        ),
+        qk_op,
         flash_attention("cross-attention", flops, io, head_dim=hd),
         gemm("cross-attn out proj", t, d, w, sh.fp8),
         residual("cross-attn residual add", model, t_sp),
@@ -72,12 +68,13 @@ def _cross_attention(model: ModelSpec, plan: Plan) -> tuple[OpGroup, float, floa
     saved = [
         cs,
         Saved("cross-attn norm out (q input)", sh.gemm_in * t_sp * d, NONE_ONLY),
+        *qk_saved,
         Saved("cross-attn q, text k, v", BF16 * (t * w + 2 * text * w), NOT_FULL),
         Saved("cross-attn logsumexp", FP32 * t * nh, NOT_FULL),
         Saved("cross-attn out", BF16 * t * w, NOT_FULL),
         Saved("cross-attn residual", BF16 * t_sp * d, NOT_FULL),
     ]
-    comms = tp_collectives(plan, "cross-attn", BF16 * t * d)
+    comms = tp_collectives(plan, "cross-attn", BF16 * t * d) + qk_comms
     return OpGroup(tuple(ops), tuple(saved), tuple(comms)), t * (d + w) + text * d, t * (w + d) + text * 2 * w
 
 

@@ -291,6 +291,7 @@ def _dit_model(name: str, cfg: dict[str, Any], layers: int, ffn: int | None, dit
         mlp="gelu",
         norm="layernorm",
         qk_norm=True,
+        qk_norm_across_heads=cfg.get("qk_norm") == "rms_norm_across_heads",
         position="rope",
         dit=dit,
     )

@@ -120,6 +120,7 @@ class ModelSpec(Memoised):
     out_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
+    qk_norm_across_heads: bool = False  # one RMSNorm over all heads' q (and k), as Wan's `rms_norm_across_heads`
     tied_embeddings: bool = False
     position: PositionKind = "rope"
     pos_embedding_rows: int = 0
