@@ -28,7 +28,7 @@ from shardscope.plan.plan import make_plan
 torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
-from torch_reference import AtenBytes, saved_activation_bytes  # noqa: E402
+from torch_reference import AtenBytes, MLAAttention, saved_activation_bytes  # noqa: E402
 
 
 def _graph(name, gpus=8, **kw):
@@ -234,6 +234,33 @@ def test_mla_projection_flops_match_pytorch():
     predicted = sum(op.flops for op in layer.ops if op.name in names)
     assert q.shape[-1] == nh * a.qk_head_dim
     assert predicted == pytest.approx(measured, rel=1e-9)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v2-lite", "kimi-k2"])
+def test_mla_saved_activations_match_pytorch(name):
+    """What a real MLA attention block (`torch_reference.MLAAttention`: Megatron-Core's latent norms and
+    up-projections, the RoPE key shared by every head, flash attention over q/k of 192 and v of 128
+    per head) keeps for backward at full size under FakeTensorMode equals the graph's attention half,
+    to the byte: its latents, q, k, v and output, the residual the MLP's norm keeps. The kv latent is
+    kept as the norm's contiguous copy, without the RoPE key beside it in the down-projection's output."""
+    m = load_model(name)
+    a, s = m.mla, 4096
+    with FakeTensorMode():
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            dims = (a.q_lora_rank, a.kv_lora_rank, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim)
+            block = MLAAttention(m.hidden, m.heads, *dims)
+        finally:
+            torch.set_default_dtype(torch.float32)
+        x = torch.randn(1, s, m.hidden, dtype=torch.bfloat16, requires_grad=True)
+        cos, sin = (torch.randn(s, 1, a.qk_rope_head_dim, dtype=torch.bfloat16) for _ in range(2))
+        measured, _ = saved_activation_bytes(block(x, cos, sin), [*block.parameters(), cos, sin])
+    plan = make_plan(m, make_cluster("H100", 1), global_batch=1, seq_len=s)
+    saved = build_stage_graph(m, plan).layers[LayerKind("full", "dense")].saved
+    end = next(i for i, x in enumerate(saved) if x.name == "attn residual (mlp norm input)")
+    predicted = sum(x.bytes for x in saved[: end + 1] if "none" in x.policies)
+    predicted += next(x.bytes for x in saved if x.name == "mlp norm stats")
+    assert predicted == measured
 
 
 @pytest.mark.parametrize("kind,window,s", [("window", 128, 4096), ("chunk", 8192, 32768), ("full", 0, 1024)])

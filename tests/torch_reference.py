@@ -325,3 +325,60 @@ class WanBlock(nn.Module):
         x = x + self.co(self._attend(cq, self.ck_norm(ck.contiguous()), cv.contiguous()))
         h = NormModulate.apply(x, shift_mlp[:, None], scale_mlp[:, None])
         return ScaleAdd.apply(x, self.fc2(F.gelu(self.fc1(h), approximate="tanh")), gate_mlp[:, None])
+
+
+class FlashAttention(torch.autograd.Function):
+    """The flash-attention kernels' contract (FlashAttention-2/3, cuDNN): keep q, k, v, the output and the
+    fp32 log-sum-exp per query and head; the output is allocated (batch, seq, heads, dim), so merging
+    heads after it is a view. For head dims the CPU flash kernel does not take (MLA: q/k 192, v 128)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=True):
+        scores = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
+        if causal:
+            s = q.shape[-2]
+            scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        out = (torch.softmax(scores, dim=-1) @ v.float()).to(q.dtype).transpose(1, 2).contiguous().transpose(1, 2)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # pragma: no cover - memory tests never run backward
+        raise NotImplementedError
+
+
+class MLAAttention(nn.Module):
+    """DeepSeek-V3 multi-latent attention as Megatron-Core runs it (`MLASelfAttention`, TP 1): RMSNorm,
+    q down-projection, q latent RMSNorm, q up-projection (or one q projection without a q latent); kv
+    down-projection to the latent and the shared
+    RoPE key, kv latent RMSNorm (Transformer Engine's norm takes a contiguous copy of its input,
+    `ops/basic/rmsnorm.py`), kv up-projection to the per-head keys and values; RoPE on the rope parts,
+    q = [q_nope, q_pe], k = [k_nope, k_pe broadcast to every head], flash attention, output projection,
+    residual; then the MLP's norm, which keeps the residual."""
+
+    def __init__(self, hidden, heads, q_lora, kv_lora, nope, rope, v_dim):
+        super().__init__()
+        self.heads, self.dims = heads, (q_lora, kv_lora, nope, rope, v_dim)
+        self.norm, self.kv_norm, self.mlp_norm = RMSNorm(hidden), RMSNorm(kv_lora), RMSNorm(hidden)
+        if q_lora:  # else q is projected directly (DeepSeek-V2-Lite)
+            self.q_down, self.q_norm = nn.Linear(hidden, q_lora, bias=False), RMSNorm(q_lora)
+        self.q_up = nn.Linear(q_lora or hidden, heads * (nope + rope), bias=False)
+        self.kv_down = nn.Linear(hidden, kv_lora + rope, bias=False)
+        self.kv_up = nn.Linear(kv_lora, heads * (nope + v_dim), bias=False)
+        self.o = nn.Linear(heads * v_dim, hidden, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        q_lora, kv_lora, nope, rope, v_dim = self.dims
+        h = self.norm(x)
+        q = self.q_up(self.q_norm(self.q_down(h)) if q_lora else h).view(b, s, self.heads, nope + rope)
+        latent, k_pe = self.kv_down(h).split([kv_lora, rope], dim=-1)
+        kv = self.kv_up(self.kv_norm(latent.contiguous())).view(b, s, self.heads, nope + v_dim)
+        q_nope, q_pe = q.split([nope, rope], dim=-1)
+        k_nope, value = kv.split([nope, v_dim], dim=-1)
+        query = torch.cat([q_nope, apply_rope(q_pe, cos, sin)], dim=-1)
+        k_pe = apply_rope(k_pe.unsqueeze(2), cos, sin).expand(-1, -1, self.heads, -1)
+        key = torch.cat([k_nope, k_pe], dim=-1)
+        out = FlashAttention.apply(query.transpose(1, 2), key.transpose(1, 2), value.contiguous().transpose(1, 2))
+        return self.mlp_norm(x + self.o(out.transpose(1, 2).reshape(b, s, -1)))

@@ -114,7 +114,9 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
         ]
         saved += [
             ks,
-            Saved("kv latent (norm input)", BF16 * t * (a.kv_lora_rank + a.qk_rope_head_dim), NONE_ONLY),
+            # the latent is a slice of the down-projection's output beside the RoPE key; Transformer
+            # Engine's norm keeps a contiguous copy of it (`ops/basic/rmsnorm.py`), so the slice is freed
+            Saved("kv latent (norm input)", BF16 * t * a.kv_lora_rank, NONE_ONLY),
             Saved("kv latent normed (kv up input)", sh.gemm_in * t * a.kv_lora_rank, NONE_ONLY),
         ]
         rope_width = nh * a.qk_rope_head_dim + a.qk_rope_head_dim
