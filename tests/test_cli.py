@@ -63,6 +63,14 @@ def test_estimate_table_output():
     assert "MFU" in r.stdout and "required" in r.stdout
 
 
+def test_estimate_that_does_not_fit_points_to_the_plan_search():
+    r = run("estimate", "llama3.1-70b", "--gpus", "8", "--global-batch", "8")
+    assert r.exit_code == 0
+    assert "does NOT fit" in r.stdout
+    assert "shardscope plan llama3.1-70b --gpu H100 --gpus 8 --seq-len" in " ".join(r.stdout.split())
+    assert "hint" not in run("estimate", "qwen3-8b", "--gpus", "8", "--fsdp", "--global-batch", "16").stdout
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [

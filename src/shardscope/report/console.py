@@ -69,6 +69,12 @@ def print_estimate(est: Estimate, console: Console | None = None) -> None:
     verdict = "[green]fits[/]" if est.fits else "[red]does NOT fit[/]"
     mt.add_row("[bold]required[/]", f"[bold]{mem.required_gib:,.2f}[/] of {mem.capacity_gib:,.1f} — {verdict}")
     console.print(mt)
+    if not est.fits:
+        console.print(
+            f"[yellow]hint:[/] {mem.required_gib - mem.capacity_gib:,.1f} GiB per GPU over capacity; "
+            f"`shardscope plan {est.model} --gpu {est.gpu} --gpus {est.gpus} --seq-len {p['seq_len']} "
+            f"--global-batch {p['global_batch']}` lists the plans that fit, `shardscope budget` the finer knobs"
+        )
     for w in est.warnings:
         console.print(f"[yellow]warning:[/] {w}")
 
