@@ -15,7 +15,7 @@ from shardscope.plan.plan import make_plan
 torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
-from torch_reference import NormModulate, ScaleAdd, WanBlock, saved_activation_bytes  # noqa: E402
+from torch_reference import NormModulate, ScaleAdd, WanBlock, bf16_module, saved_activation_bytes  # noqa: E402
 
 
 def test_wan_parameter_counts():
@@ -138,11 +138,7 @@ def test_wan_block_saved_activations_match_pytorch(name):
     m = load_model(name)
     s, text = 4096, m.dit.text_len
     with FakeTensorMode():
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            block = WanBlock(m.hidden, m.heads, m.ffn_hidden)
-        finally:
-            torch.set_default_dtype(torch.float32)
+        block = bf16_module(lambda: WanBlock(m.hidden, m.heads, m.ffn_hidden))
         x, context = (torch.randn(1, n, m.hidden, dtype=torch.bfloat16, requires_grad=True) for n in (s, text))
         time_embedding = torch.randn(1, 6, m.hidden, dtype=torch.bfloat16, requires_grad=True)
         cos, sin = (torch.randn(s, m.head_dim, dtype=torch.bfloat16) for _ in range(2))

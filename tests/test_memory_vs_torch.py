@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts  # noqa: E402
-from torch_reference import GPTLayer, LlamaLayer, LossHead, saved_activation_bytes  # noqa: E402
+from torch_reference import GPTLayer, LlamaLayer, LossHead, bf16_module, saved_activation_bytes  # noqa: E402
 
 from shardscope.costs.memory import layer_params_local, model_state_bytes  # noqa: E402
 from shardscope.graph.build import build_stage_graph  # noqa: E402
@@ -50,14 +50,6 @@ class _MustSaveRecorder(TorchDispatchMode):
         return out
 
 
-def _build(factory):
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        return factory()
-    finally:
-        torch.set_default_dtype(torch.float32)
-
-
 def _measure(model_name: str, policy: str, batch: int, seq: int, fused: bool = False) -> tuple[int, int]:
     """(bytes PyTorch keeps for backward, bytes shardscope predicts) for one layer; `fused`: Megatron's
     fused SwiGLU in the reference and `fused_activation` in the plan."""
@@ -66,7 +58,7 @@ def _measure(model_name: str, policy: str, batch: int, seq: int, fused: bool = F
     with FakeTensorMode():
         ref_policy = "none" if policy == "selective" else policy
         if llama:
-            layer = _build(
+            layer = bf16_module(
                 lambda: LlamaLayer(
                     m.hidden,
                     m.heads,
@@ -82,7 +74,7 @@ def _measure(model_name: str, policy: str, batch: int, seq: int, fused: bool = F
             sin = torch.randn(seq, m.head_dim, dtype=torch.bfloat16)
             extra, args = [cos, sin], (cos, sin)
         else:
-            layer = _build(lambda: GPTLayer(m.hidden, m.heads, m.ffn_hidden, policy=ref_policy))
+            layer = bf16_module(lambda: GPTLayer(m.hidden, m.heads, m.ffn_hidden, policy=ref_policy))
             extra, args = [], ()
         x = torch.randn(batch, seq, m.hidden, dtype=torch.bfloat16, requires_grad=True)
         if policy == "selective":
@@ -141,7 +133,7 @@ def test_loss_head_saved_bytes_match_pytorch(fused):
     targets (8 bytes a token) are not activations of the graph, nor is the loss's scalar total weight."""
     m, tokens = load_model("llama3.1-8b"), 8192
     with FakeTensorMode():
-        head = _build(lambda: LossHead(m.hidden, m.vocab, fused=fused))
+        head = bf16_module(lambda: LossHead(m.hidden, m.vocab, fused=fused))
         x = torch.randn(tokens, m.hidden, dtype=torch.bfloat16, requires_grad=True)
         targets = torch.zeros(tokens, dtype=torch.long)
         measured, _ = saved_activation_bytes(head(x, targets), [*head.parameters(), targets])

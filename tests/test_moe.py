@@ -28,7 +28,7 @@ from shardscope.plan.plan import make_plan
 torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
-from torch_reference import AtenBytes, MLAAttention, saved_activation_bytes  # noqa: E402
+from torch_reference import AtenBytes, MLAAttention, bf16_module, saved_activation_bytes  # noqa: E402
 
 
 def _graph(name, gpus=8, **kw):
@@ -246,12 +246,8 @@ def test_mla_saved_activations_match_pytorch(name):
     m = load_model(name)
     a, s = m.mla, 4096
     with FakeTensorMode():
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            dims = (a.q_lora_rank, a.kv_lora_rank, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim)
-            block = MLAAttention(m.hidden, m.heads, *dims)
-        finally:
-            torch.set_default_dtype(torch.float32)
+        dims = (a.q_lora_rank, a.kv_lora_rank, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim)
+        block = bf16_module(lambda: MLAAttention(m.hidden, m.heads, *dims))
         x = torch.randn(1, s, m.hidden, dtype=torch.bfloat16, requires_grad=True)
         cos, sin = (torch.randn(s, 1, a.qk_rope_head_dim, dtype=torch.bfloat16) for _ in range(2))
         measured, _ = saved_activation_bytes(block(x, cos, sin), [*block.parameters(), cos, sin])

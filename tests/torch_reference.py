@@ -193,6 +193,15 @@ class GPTLayer(nn.Module):
         return self._block(x)
 
 
+def bf16_module(factory):
+    """`factory()` with bf16 as the default dtype, so its parameters are bf16 as in a mixed-precision run."""
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        return factory()
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
