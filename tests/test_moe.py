@@ -554,13 +554,13 @@ def test_mtp_module_in_a_chunk_of_its_own():
 
     from shardscope.analytic.step import stage_cost, step_costs
     from shardscope.costs.memory import mtp_params_local, rank_params_local
-    from shardscope.plan.layout import format_pp_layout, layout_mtp_chunk, parse_pp_layout
+    from shardscope.plan.layout import format_pp_layout, read_pp_layout
     from shardscope.planner.export import to_megatron
     from shardscope.sim.step import simulate_step
 
     layout = "Et*3|(tt|)*29m|L"
-    assert parse_pp_layout(layout) == (3,) + (2,) * 29 + (0, 0) and layout_mtp_chunk(layout) == 30
-    assert layout_mtp_chunk("Et*4|(t*4|)*14tmL") == 15 and layout_mtp_chunk("5,4,3") == -1
+    assert read_pp_layout(layout) == ((3,) + (2,) * 29 + (0, 0), 30)
+    assert read_pp_layout("Et*4|(t*4|)*14tmL")[1] == 15 and read_pp_layout("5,4,3")[1] == -1
     m = load_model("deepseek-v3")
     cluster = make_cluster("H100", 1024)
     kw = dict(tp=2, pp=8, vpp=4, ep=64, global_batch=8192, seq_len=4096, zero=1, mtp=True, recompute="selective")
@@ -592,11 +592,11 @@ def test_mtp_module_in_a_chunk_of_its_own():
 
 def test_megatron_pipeline_layout():
     from shardscope.errors import ShardscopeError
-    from shardscope.plan.layout import parse_pp_layout
+    from shardscope.plan.layout import read_pp_layout
 
-    assert parse_pp_layout("Et*4|(t*4|)*14tmL") == (4,) * 15 + (1,)
-    assert parse_pp_layout("Et|(tt|)*30mL") == (1,) + (2,) * 30 + (0,)
-    assert parse_pp_layout("5, 4,3") == (5, 4, 3)
+    assert read_pp_layout("Et*4|(t*4|)*14tmL")[0] == (4,) * 15 + (1,)
+    assert read_pp_layout("Et|(tt|)*30mL")[0] == (1,) + (2,) * 30 + (0,)
+    assert read_pp_layout("5, 4,3")[0] == (5, 4, 3)
     for bad, why in (
         ("t|Et", "embedding"),
         ("tL|t", "last chunk"),
@@ -606,7 +606,7 @@ def test_megatron_pipeline_layout():
         ("Et|tm|mL", "share one chunk"),
     ):
         with pytest.raises(ShardscopeError, match=why):
-            parse_pp_layout(bad)
+            read_pp_layout(bad)
     m = load_model("deepseek-v3")
     cluster = make_cluster("GB200", 256)
     plan = make_plan(m, cluster, pp=4, vpp=4, ep=64, global_batch=256, pp_layout="Et*4|(t*4|)*14tmL")
@@ -619,7 +619,7 @@ def test_megatron_pipeline_layout():
 
 
 def test_layout_and_mtp_export_to_megatron_arguments():
-    from shardscope.plan.layout import parse_pp_layout
+    from shardscope.plan.layout import read_pp_layout
     from shardscope.planner.export import to_megatron
 
     m = load_model("deepseek-v3")
@@ -627,7 +627,7 @@ def test_layout_and_mtp_export_to_megatron_arguments():
     plan = make_plan(m, make_cluster("GB200", 256), pp=4, vpp=4, ep=64, global_batch=256, pp_layout=layout, mtp=True)
     args = to_megatron(m, plan)
     written = args[args.index("--pipeline-model-parallel-layout") + 1]
-    assert parse_pp_layout(written) == parse_pp_layout(layout) and written.endswith("tmL")
+    assert read_pp_layout(written) == read_pp_layout(layout) and written.endswith("tmL")
     assert args[args.index("--mtp-num-layers") + 1] == "1"
     plan = make_plan(
         m,

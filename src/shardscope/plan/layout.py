@@ -60,16 +60,6 @@ def read_pp_layout(text: str) -> tuple[tuple[int, ...], int]:
     return tuple(c.count("t") for c in chunks), next((i for i, c in enumerate(chunks) if "m" in c), -1)
 
 
-def parse_pp_layout(text: str) -> tuple[int, ...]:
-    """Decoder layers per model chunk (`read_pp_layout`)."""
-    return read_pp_layout(text)[0]
-
-
-def layout_mtp_chunk(text: str) -> int:
-    """The MTP modules' chunk (`read_pp_layout`)."""
-    return read_pp_layout(text)[1]
-
-
 def format_pp_layout(counts: tuple[int, ...], mtp_layers: int = 0, mtp_chunk: int = -1) -> str:
     """Megatron-Core's layout string for `counts` layers per chunk (embedding first, the loss last, the
     MTP modules in `mtp_chunk`, by default the last)."""
