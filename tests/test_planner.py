@@ -278,15 +278,17 @@ def test_budget_cli():
 
 
 def test_low_precision_optimizer_dtypes_in_torchtitan_and_deepspeed_exports():
-    """bf16 main grads map to torchtitan's FSDP reduce dtype and DeepSpeed's grad_accum_dtype; bf16 Adam
-    moments have no field in either config, so the export says how much state the run will add."""
+    """bf16 main grads map to DeepSpeed's grad_accum_dtype; torchtitan v0.2.2 reduces only in float32
+    (`mixed_precision_reduce: Literal["float32"]`), so its export says so. bf16 Adam moments have no
+    field in either config, so the export says how much state the run will add."""
     m = load_model("llama3.1-8b")
     cluster = make_cluster("H100", 64)
     base = make_plan(m, cluster, zero=1, global_batch=64, seq_len=4096)
     lean = make_plan(m, cluster, zero=1, global_batch=64, seq_len=4096, optimizer_moments="bf16", main_grads="bf16")
     titan_base, titan_lean = export("torchtitan", m, base), export("torchtitan", m, lean)
     assert tomllib.loads(titan_base)["training"]["mixed_precision_reduce"] == "float32"
-    assert tomllib.loads(titan_lean)["training"]["mixed_precision_reduce"] == "bfloat16"
+    assert tomllib.loads(titan_lean)["training"]["mixed_precision_reduce"] == "float32"
+    assert "reduces gradients in float32" in titan_lean and "reduces gradients" not in titan_base
     assert "Adam moments" not in titan_base
     assert "# note: bf16 Adam moments have no torchtitan config option" in titan_lean and "+4 B/param" in titan_lean
     ds_base, ds_lean = json.loads(export("deepspeed", m, base)), json.loads(export("deepspeed", m, lean))

@@ -36,6 +36,18 @@ def _positive(name: str, value: Any) -> int:
     return value
 
 
+def _conventions(cfg: dict[str, Any]) -> dict[str, Any]:
+    """RoPE base and scaling and the norm epsilon: no cost of their own, but a launch config needs them."""
+    scaling = cfg.get("rope_scaling") or {}
+    return dict(
+        rope_theta=float(cfg.get("rope_theta") or cfg.get("rotary_emb_base") or 10000.0),
+        rope_scaling=tuple(sorted((k, v) for k, v in scaling.items() if isinstance(v, (int, float, str)))),
+        norm_eps=float(
+            next((cfg[k] for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon") if cfg.get(k)), 1e-5)
+        ),
+    )
+
+
 def _llama_like(name: str, cfg: dict[str, Any]) -> ModelSpec:
     hidden = _positive("hidden_size", _need(cfg, "hidden_size"))
     heads = _positive("num_attention_heads", _need(cfg, "num_attention_heads"))
@@ -60,6 +72,7 @@ def _llama_like(name: str, cfg: dict[str, Any]) -> ModelSpec:
         qk_norm=model_type in {"qwen3", "olmo2"},
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         position="rope",
+        **_conventions(cfg),
     )
 
 
@@ -79,6 +92,7 @@ def _gpt2(name: str, cfg: dict[str, Any]) -> ModelSpec:
         tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         position="learned",
         pos_embedding_rows=_positive("n_positions", _need(cfg, "n_positions", "n_ctx")),
+        norm_eps=_conventions(cfg)["norm_eps"],
     )
 
 
@@ -103,6 +117,7 @@ def _gpt_neox(name: str, cfg: dict[str, Any]) -> ModelSpec:
         mlp_bias=True,
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         position="rope",
+        **_conventions(cfg),
     )
 
 
@@ -150,6 +165,7 @@ def _base(name: str, cfg: dict[str, Any], **kw: Any) -> ModelSpec:
         ffn_hidden=_positive("intermediate_size", _need(cfg, "intermediate_size")),
         vocab=_positive("vocab_size", _need(cfg, "vocab_size")),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        **_conventions(cfg),
     )
     return ModelSpec(**(fields | kw))
 
@@ -172,6 +188,7 @@ def _qwen3_moe(name: str, cfg: dict[str, Any]) -> ModelSpec:
         top_k=_positive("num_experts_per_tok", _need(cfg, "num_experts_per_tok")),
         expert_ffn=_positive("moe_intermediate_size", _need(cfg, "moe_intermediate_size")),
         layer_step=_positive("decoder_sparse_step", cfg.get("decoder_sparse_step") or 1),
+        normalize_top_k=bool(cfg.get("norm_topk_prob", False)),
     )
     return _base(name, cfg, moe=moe, qk_norm=True, qkv_bias=bool(cfg.get("attention_bias", False)))
 
@@ -198,6 +215,9 @@ def _deepseek(name: str, cfg: dict[str, Any]) -> ModelSpec:
         score_correction_bias=cfg.get("topk_method") == "noaux_tc",
         groups=int(cfg.get("n_group") or 1),
         groups_per_token=int(cfg.get("topk_group") or 1),
+        score="sigmoid" if cfg.get("scoring_func") == "sigmoid" else "softmax",
+        normalize_top_k=bool(cfg.get("norm_topk_prob", False)),  # DeepseekV2Config's default
+        routed_scaling=float(cfg.get("routed_scaling_factor") or 1.0),
     )
     heads = _positive("num_attention_heads", _need(cfg, "num_attention_heads"))
     return _base(
@@ -247,6 +267,7 @@ def _llama4(name: str, cfg: dict[str, Any]) -> ModelSpec:
         shared_experts=1,
         shared_ffn=_positive("intermediate_size", _need(cfg, "intermediate_size")),
         layer_step=step,
+        score="sigmoid",  # Llama 4 weighs its top-1 expert by the sigmoid of its logit
     )
     layers = _positive("num_hidden_layers", _need(cfg, "num_hidden_layers"))
     no_rope = cfg.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(layers)]

@@ -86,6 +86,10 @@ class MoESpec:
     score_correction_bias: bool = False  # DeepSeek-V3 aux-loss-free balancing bias (a checkpoint tensor)
     groups: int = 1  # group-limited routing (DeepSeek `n_group`): experts form this many contiguous groups
     groups_per_token: int = 1  # ... and a token's top-k come from this many of them (`topk_group`)
+    # How the router weighs a token's experts (no cost of its own; the exports name it):
+    score: Literal["softmax", "sigmoid"] = "softmax"  # DeepSeek `scoring_func`
+    normalize_top_k: bool = True  # the k weights renormalised to sum to 1 (`norm_topk_prob`)
+    routed_scaling: float = 1.0  # weights scaled by this (`routed_scaling_factor`)
 
 
 class LayerKind(NamedTuple):
@@ -124,6 +128,9 @@ class ModelSpec(Memoised):
     tied_embeddings: bool = False
     position: PositionKind = "rope"
     pos_embedding_rows: int = 0
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, str | float], ...] = ()  # the config's `rope_scaling`, sorted items
+    norm_eps: float = 1e-5
     lm_head_bias: bool = False
     mla: MLASpec | None = None
     moe: MoESpec | None = None

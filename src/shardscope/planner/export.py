@@ -8,7 +8,9 @@ DeepSpeed no context parallelism) the export says so in a comment / `_shardscope
 from __future__ import annotations
 
 import json
+import shlex
 
+from shardscope.models.catalog import catalog_sources
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.layout import format_pp_layout
 from shardscope.plan.plan import MOMENT_BYTES, Plan
@@ -28,12 +30,55 @@ def _moments_note(plan: Plan, framework: str) -> list[str]:
     ]
 
 
-def _pp_schedule_titan(plan: Plan) -> str:
-    return "Interleaved1F1B" if plan.vpp > 1 else "1F1B"
+# torchtitan v0.2.2 (the last release configured by TOML): the model directory and ModelArgs flavor
+# of a catalog model, where torchtitan ships one of the same shape (validation/torchtitan_flavors.yaml).
+TORCHTITAN_FLAVORS = {
+    "llama3.1-8b": ("llama3", "8B"),
+    "llama3.1-70b": ("llama3", "70B"),
+    "llama3.1-405b": ("llama3", "405B"),
+    "qwen3-8b": ("qwen3", "8B"),
+    "qwen3-32b": ("qwen3", "32B"),
+    "qwen3-30b-a3b": ("qwen3", "30B-A3B"),
+    "qwen3-235b-a22b": ("qwen3", "235B-A22B"),
+    "deepseek-v2-lite": ("deepseek_v3", "16B"),
+    "deepseek-v3": ("deepseek_v3", "671B"),
+    "gpt-oss-20b": ("gpt_oss", "20b"),
+    "gpt-oss-120b": ("gpt_oss", "120b"),
+    "llama4-scout": ("llama4", "17bx16e_irope"),
+    "llama4-maverick": ("llama4", "17bx128e_irope"),
+}
+
+
+def _titan_quantize(model: ModelSpec, plan: Plan) -> tuple[list[str], list[str], list[str]]:
+    """torchao converters (registered names, torchtitan `components/quantization`) and their sections:
+    per-tensor FP8 or MXFP8 on the linears, and on the experts' grouped GEMMs for MoE."""
+    if plan.precision != "fp8":
+        return [], [], []
+    notes = []
+    if plan.fp8_recipe == "mxfp8":
+        converters = ["quantize.linear.mx"] + (["quantize.grouped_mm.mx"] if model.moe else [])
+        lines = ["[quantize.linear.mx]", 'recipe_name = "mxfp8_cublas"']
+        lines += ["", "[quantize.grouped_mm.mx]", 'fqns = ["experts"]'] if model.moe else []
+        return converters, lines, notes
+    if plan.fp8_recipe in ("delayed", "blockwise"):
+        notes.append(f"torchao has no {plan.fp8_recipe} FP8 recipe in torchtitan: rowwise scaling stands in")
+    recipe = "tensorwise" if plan.fp8_recipe == "tensorwise" else "rowwise"
+    converters = ["quantize.linear.float8"] + (["quantize.grouped_mm.float8"] if model.moe else [])
+    lines = [
+        "[quantize.linear.float8]",
+        f'recipe_name = "{recipe}"',
+        f"enable_fsdp_float8_all_gather = {'true' if plan.fp8_all_gather and recipe == 'tensorwise' else 'false'}",
+        'filter_fqns = ["output"]',
+    ]
+    lines += ["", "[quantize.grouped_mm.float8]", 'fqns = ["experts"]'] if model.moe else []
+    return converters, lines, notes
 
 
 def to_torchtitan(model: ModelSpec, plan: Plan) -> str:
-    # torchtitan: world = dp_replicate · dp_shard · cp · tp · pp, FSDP sharding over dp_shard · cp
+    """torchtitan v0.2.2 job TOML. Batches follow its train.py: without PP `local_batch_size` is one
+    forward's batch and gradient accumulation is global / (local x DP); with PP it is the batch one
+    pipeline schedule runs, split into micro-batches of `pipeline_parallel_microbatch_size`."""
+    # world = dp_replicate · dp_shard · cp · tp · pp, FSDP sharding over dp_shard · cp
     if plan.fsdp or plan.zero >= 1:
         shard = max(plan.shard_size // plan.cp, 1)
         replicate = plan.dp // shard
@@ -43,61 +88,225 @@ def to_torchtitan(model: ModelSpec, plan: Plan) -> str:
     if plan.zero in (1, 2) and not plan.fsdp:
         notes.append(f"ZeRO-{plan.zero} has no torchtitan equivalent: FSDP2 full sharding over the same ranks")
     notes += _moments_note(plan, "torchtitan")
-    reduce_dtype = "bfloat16" if plan.main_grads == "bf16" else "float32"
+    if plan.main_grads == "bf16":
+        notes.append("torchtitan reduces gradients in float32 (`mixed_precision_reduce`); the plan priced bf16")
+    name, flavor = TORCHTITAN_FLAVORS.get(model.name, (model.name, ""))
+    if not flavor:
+        notes.append(f"torchtitan v0.2.2 has no flavor of {model.name}: register its ModelArgs under this name")
+    repo = hf_repo(model)
+    converters, quantize, quantize_notes = _titan_quantize(model, plan)
+    notes += quantize_notes
+    if model.moe and plan.ep_dispatch == "hybridep":
+        notes.append("torchtitan has no HybridEP backend: DeepEP stands in")
     reshard = "never" if (plan.fsdp and not plan.reshard_after_forward) else "default"
+    local_batch = plan.micro_batch * plan.grad_accum if plan.pp > 1 else plan.micro_batch
     lines = [
-        "# torchtitan job config written by shardscope",
+        "# torchtitan (v0.2.2) job config written by shardscope",
         *[f"# note: {n}" for n in notes],
+        *([f"# tokenizer: python scripts/download_hf_assets.py --repo_id {repo} --assets tokenizer"] if repo else []),
         "[job]",
         'dump_folder = "./outputs"',
         f'description = "{model.name}: shardscope plan"',
         "",
         "[model]",
-        f'name = "{model.name}"',
+        f'name = "{name}"',
+        *([f'flavor = "{flavor}"'] if flavor else []),
+        *([f'hf_assets_path = "./assets/hf/{repo.split("/")[-1]}"'] if repo else []),
+        *([f"converters = {json.dumps(converters)}"] if converters else []),
         "",
         "[training]",
-        f"local_batch_size = {plan.micro_batch * plan.grad_accum}",
+        f"local_batch_size = {local_batch}",
         f"global_batch_size = {plan.global_batch}",
         f"seq_len = {plan.seq_len}",
         'mixed_precision_param = "bfloat16"',
-        f'mixed_precision_reduce = "{reduce_dtype}"',
+        'mixed_precision_reduce = "float32"',
         "",
         "[parallelism]",
         f"data_parallel_replicate_degree = {replicate}",
         f"data_parallel_shard_degree = {shard}",
         f'fsdp_reshard_after_forward = "{reshard}"',
         f"tensor_parallel_degree = {plan.tp}",
-        f"enable_async_tensor_parallel = {'true' if plan.tp_comm_overlap else 'false'}",
+        f"enable_async_tensor_parallel = {'true' if plan.tp_comm_overlap and plan.tp > 1 else 'false'}",
         f"pipeline_parallel_degree = {plan.pp}",
-        f'pipeline_parallel_schedule = "{_pp_schedule_titan(plan)}"',
+        f'pipeline_parallel_schedule = "{"Interleaved1F1B" if plan.vpp > 1 else "1F1B"}"',
         f"pipeline_parallel_microbatch_size = {plan.micro_batch}",
+        *(
+            [f"pipeline_parallel_layers_per_stage = {model.layers // (plan.pp * plan.vpp)}"]
+            if plan.pp > 1 and model.layers % (plan.pp * plan.vpp) == 0
+            else []
+        ),
         f"context_parallel_degree = {plan.cp}",
         f"expert_parallel_degree = {plan.ep}",
         f"expert_tensor_parallel_degree = {plan.etp}",
+        *(
+            [f'expert_parallel_comm_backend = "{"standard" if plan.ep_dispatch == "flat" else "deepep"}"']
+            if model.moe and plan.ep > 1
+            else []
+        ),
         "",
         "[activation_checkpoint]",
         f'mode = "{plan.recompute}"',
         'selective_ac_option = "op"',
     ]
-    if plan.precision == "fp8":
-        lines += [
-            "",
-            "[quantize.linear.float8]",
-            f'recipe_name = "{"rowwise" if plan.fp8_recipe != "tensorwise" else "tensorwise"}"',
-            f"enable_fsdp_float8_all_gather = {'true' if plan.fp8_all_gather else 'false'}",
-        ]
+    if quantize:
+        lines += ["", *quantize]
     return "\n".join(lines) + "\n"
+
+
+def layer_pattern(flags: list[int]) -> str:
+    """A per-layer 0/1 list as the Python expression Megatron-LM evaluates (`--moe-layer-freq`,
+    `--window-attn-skip-freq`): runs (`([0]*3+[1]*58)`) or a repeated period (`([0,1]*24)`)."""
+    runs: list[list[int]] = []
+    for f in flags:
+        if runs and runs[-1][0] == f:
+            runs[-1][1] += 1
+        else:
+            runs.append([f, 1])
+    if len(runs) <= 3:
+        return "(" + "+".join(f"[{f}]*{n}" for f, n in runs) + ")"
+    for period in range(2, len(flags) // 2 + 1):
+        if len(flags) % period == 0 and flags == flags[:period] * (len(flags) // period):
+            return f"([{','.join(map(str, flags[:period]))}]*{len(flags) // period})"
+    return f"[{','.join(map(str, flags))}]"
+
+
+def hf_repo(model: ModelSpec) -> str | None:
+    """The Hugging Face repository of a catalog model (its tokenizer), if it has one."""
+    repo = catalog_sources().get(model.name, {}).get("hf_repo")
+    return repo if repo and repo != "None" else None
+
+
+def _megatron_router(model: ModelSpec) -> tuple[list[str], list[str]]:
+    """MoE layers as Megatron-Core builds them (TransformerConfig `moe_*` fields; `--moe-layer-freq` is a
+    per-layer list, 1 = MoE). Softmax routers that renormalise the top k are top-k-then-softmax (the
+    default); without renormalisation, softmax over all experts first (`--moe-router-pre-softmax`)."""
+    moe = model.moe
+    assert moe is not None
+    args = ["--num-experts", str(moe.experts), "--moe-router-topk", str(moe.top_k)]
+    args += ["--moe-ffn-hidden-size", str(moe.expert_ffn), "--moe-grouped-gemm"]
+    args += ["--moe-layer-freq", layer_pattern([int(model.is_moe_layer(i)) for i in range(model.layers)])]
+    if moe.shared_experts:
+        args += ["--moe-shared-expert-intermediate-size", str(moe.shared_ffn)]
+    notes = []
+    if moe.score == "sigmoid":
+        args += ["--moe-router-score-function", "sigmoid"]
+        if moe.top_k > 1 and not moe.normalize_top_k:
+            notes.append(
+                "the sigmoid router's top-k weights are not renormalised in the checkpoint; Megatron-Core does"
+            )
+    elif not moe.normalize_top_k:
+        args.append("--moe-router-pre-softmax")
+    if moe.routed_scaling != 1.0:
+        args += ["--moe-router-topk-scaling-factor", f"{moe.routed_scaling:g}"]
+    if moe.groups > 1:
+        args += ["--moe-router-num-groups", str(moe.groups), "--moe-router-group-topk", str(moe.groups_per_token)]
+    if moe.score_correction_bias:
+        args.append("--moe-router-enable-expert-bias")
+    return args, notes
+
+
+def _megatron_attention(model: ModelSpec) -> tuple[list[str], list[str]]:
+    """Attention as Megatron-Core builds it: GQA, MLA (its latent norms are `--qk-layernorm`), TE-style
+    windows `(left, 0)` that count the query itself, so an HF `sliding_window` of W is `(W-1, 0)` (as
+    Megatron-Bridge's GPT-OSS bridge sets it), learned softmax sinks."""
+    args: list[str] = []
+    notes: list[str] = []
+    if model.mla:
+        a = model.mla
+        args.append("--multi-latent-attention")
+        args += ["--q-lora-rank", str(a.q_lora_rank)] if a.q_lora_rank else []
+        args += ["--kv-lora-rank", str(a.kv_lora_rank), "--qk-head-dim", str(a.qk_nope_head_dim)]
+        args += ["--qk-pos-emb-head-dim", str(a.qk_rope_head_dim), "--v-head-dim", str(a.v_head_dim)]
+    else:
+        args += ["--kv-channels", str(model.head_dim)]
+        if model.kv_heads != model.heads:
+            args += ["--group-query-attention", "--num-query-groups", str(model.kv_heads)]
+    if model.qk_norm or model.mla:
+        args.append("--qk-layernorm")
+    windowed = [k == "window" for k in model.attention_pattern] or [model.attention_window > 0] * model.layers
+    if any(windowed):
+        args += ["--window-size", f"({model.attention_window - 1},0)"]
+        if not all(windowed):
+            args += ["--window-attn-skip-freq", layer_pattern([int(w) for w in windowed])]
+    if "chunk" in model.attention_pattern:  # Llama 4: the global-attention layers are the NoPE ones
+        args += ["--no-rope-freq", layer_pattern([int(k == "full") for k in model.attention_pattern])]
+        notes.append(f"chunked attention ({model.attention_window} tokens) has no Megatron-LM argument")
+    if model.sinks:
+        args += ["--softmax-type", "learnable"]
+    return args, notes
+
+
+def _megatron_position(model: ModelSpec) -> list[str]:
+    """RoPE base and scaling: Llama 3.1's (`--use-rope-scaling`), YaRN (MLA's own arguments, otherwise
+    `--position-embedding-type yarn`)."""
+    if model.position == "learned":
+        return ["--position-embedding-type", "learned_absolute"]
+    if model.position != "rope":
+        return ["--position-embedding-type", "none"]
+    args = ["--position-embedding-type", "rope", "--rotary-base", str(round(model.rope_theta))]  # an int flag
+    scaling = dict(model.rope_scaling)
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "llama3":
+        args += ["--use-rope-scaling", "--rope-scaling-factor", f"{float(scaling['factor']):g}"]
+    elif kind == "yarn":  # MLA keeps rope (its attention applies YaRN itself); others name it
+        args += ["--rotary-scaling-factor", f"{float(scaling['factor']):g}"]
+        for key, flag in (("mscale", "--mscale"), ("mscale_all_dim", "--mscale-all-dim")):
+            args += [flag, f"{float(scaling[key]):g}"] if key in scaling else []
+        if not model.mla:
+            args[1] = "yarn"
+            for key, flag in (
+                ("original_max_position_embeddings", "--yarn-original-max-position-embeddings"),
+                ("beta_fast", "--yarn-beta-fast"),
+                ("beta_slow", "--yarn-beta-slow"),
+            ):
+                args += [flag, f"{scaling[key]:g}"] if key in scaling else []
+            args += ["--no-yarn-correction-range-round-to-int"] if scaling.get("truncate") is False else []
+    return args
+
+
+def megatron_model_args(model: ModelSpec, plan: Plan) -> tuple[list[str], list[str]]:
+    """The network as Megatron-LM's `pretrain_gpt.py` arguments, and what they cannot express."""
+    notes: list[str] = []
+    args = ["--num-layers", str(model.layers), "--hidden-size", str(model.hidden)]
+    args += ["--ffn-hidden-size", str(model.ffn_hidden), "--num-attention-heads", str(model.heads)]
+    args += ["--max-position-embeddings", str(max(plan.seq_len, model.pos_embedding_rows))]
+    args += ["--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"]
+    args += ["--norm-epsilon", f"{model.norm_eps:g}"]
+    if model.mlp == "swiglu" and model.glu_gate == "silu":
+        args.append("--swiglu")
+    elif model.mlp == "swiglu":  # GPT-OSS: (up + 1) * gate * sigmoid(1.702 gate), clamped
+        args += ["--quick-geglu", "--glu-linear-offset", "1.0"]
+        args += ["--activation-func-clamp-value", f"{model.glu_clamp:g}"] if model.glu_clamp else []
+    if not (model.qkv_bias or model.out_bias or model.mlp_bias):
+        args.append("--disable-bias-linear")
+    elif model.qkv_bias and not (model.out_bias or model.mlp_bias):
+        args += ["--disable-bias-linear", "--add-qkv-bias"]
+    if not model.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    args += _megatron_position(model)
+    attn, attn_notes = _megatron_attention(model)
+    args += attn
+    notes += attn_notes
+    if model.moe:
+        router, router_notes = _megatron_router(model)
+        args += router
+        notes += router_notes
+    repo = hf_repo(model)
+    if repo:
+        args += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", repo]
+    if model.vocab % plan.tp:
+        notes.append(f"vocabulary {model.vocab} does not split over TP {plan.tp}: Megatron-LM pads it")
+    else:
+        args += ["--padded-vocab-size", str(model.vocab)]
+    if model.dit is not None:
+        notes.append("a video DiT is not a pretrain_gpt.py model: launch it with Megatron-Bridge / DFM's DiT recipes")
+    return args, notes
 
 
 def to_megatron(model: ModelSpec, plan: Plan) -> list[str]:
     """Megatron-LM (pretrain_gpt.py) command-line arguments."""
-    args = [
-        "--num-layers",
-        str(model.layers),
-        "--hidden-size",
-        str(model.hidden),
-        "--num-attention-heads",
-        str(model.heads),
+    args = megatron_model_args(model, plan)[0]
+    args += [
         "--seq-length",
         str(plan.seq_len),
         "--micro-batch-size",
@@ -111,8 +320,6 @@ def to_megatron(model: ModelSpec, plan: Plan) -> list[str]:
         "--context-parallel-size",
         str(plan.cp),
     ]
-    if model.kv_heads != model.heads:
-        args += ["--group-query-attention", "--num-query-groups", str(model.kv_heads)]
     if plan.vpp > 1:
         args += ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)]
     mtp_layers = model.mtp_layers if plan.mtp else 0
@@ -124,6 +331,8 @@ def to_megatron(model: ModelSpec, plan: Plan) -> list[str]:
         args += ["--cp-comm-type", "p2p" if plan.cp_kind == "ring" else "a2a"]
     if plan.ep > 1 or plan.etp > 1:
         args += ["--expert-model-parallel-size", str(plan.ep), "--expert-tensor-parallel-size", str(plan.etp)]
+    if model.moe is not None and plan.capacity_factor > 0:  # token dropping, padded as priced
+        args += ["--moe-expert-capacity-factor", f"{plan.capacity_factor:g}", "--moe-pad-expert-input-to-capacity"]
     if model.moe is not None:  # the dispatcher the estimate priced
         flex = plan.ep_dispatch != "flat"
         args += ["--moe-token-dispatcher-type", "flex" if flex else "alltoall"]
@@ -195,6 +404,8 @@ def to_deepspeed(model: ModelSpec, plan: Plan) -> str:
         )
     if plan.pp > 1:
         notes.append(f"pipeline parallel {plan.pp}: DeepSpeed PipelineModule(num_stages={plan.pp}) in code")
+    if model.moe and plan.ep > 1:
+        notes.append(f"expert parallel {plan.ep}: deepspeed.moe.layer.MoE(ep_size={plan.ep}) layers in code")
     notes += _moments_note(plan, "DeepSpeed")
     cfg = {
         "train_batch_size": plan.global_batch,
@@ -228,7 +439,9 @@ def export(fmt: str, model: ModelSpec, plan: Plan) -> str:
     if fmt == "torchtitan":
         return to_torchtitan(model, plan)
     if fmt == "megatron":
-        return " \\\n  ".join(["torchrun pretrain_gpt.py", *_pairs(to_megatron(model, plan))]) + "\n"
+        notes = "".join(f"# note: {n}\n" for n in megatron_model_args(model, plan)[1])
+        args = [shlex.quote(a) for a in to_megatron(model, plan)]
+        return notes + " \\\n  ".join(["torchrun pretrain_gpt.py", *_pairs(args)]) + "\n"
     if fmt == "deepspeed":
         return to_deepspeed(model, plan)
     raise ValueError(fmt)
