@@ -155,6 +155,7 @@ def test_every_torchtitan_key_is_in_its_job_config(name, variant):
         c.split(".")[-1] in titan["quantize"][c.split(".")[1]] for c in converters
     )
     assert bool(converters) == (plan.precision == "fp8")
+    assert ("selective AC is op-level" in export("torchtitan", m, plan)) == (plan.recompute == "selective")
     par, train = titan["parallelism"], titan["training"]
     batch_degree = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
     assert batch_degree == plan.dp

@@ -98,6 +98,11 @@ def to_torchtitan(model: ModelSpec, plan: Plan) -> str:
     notes += quantize_notes
     if model.moe and plan.ep_dispatch == "hybridep":
         notes.append("torchtitan has no HybridEP backend: DeepEP stands in")
+    if plan.recompute == "selective":
+        notes.append(
+            "torchtitan's selective AC is op-level (its policy keeps some matmul outputs), not the Megatron-style "
+            "selective recompute priced: check its activation memory"
+        )
     reshard = "never" if (plan.fsdp and not plan.reshard_after_forward) else "default"
     local_batch = plan.micro_batch * plan.grad_accum if plan.pp > 1 else plan.micro_batch
     lines = [
