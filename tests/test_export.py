@@ -131,6 +131,9 @@ def test_megatron_vocabulary_and_tokenizer():
     odd = dataclasses.replace(m, vocab=m.vocab + 1)
     assert "--padded-vocab-size" not in to_megatron(odd, plan)
     assert "does not split over TP 8" in export("megatron", odd, plan)
+    wan, dit_plan = _plan("wan2.1-t2v-14b", dict(tp=2))
+    text = export("megatron", wan, dit_plan)
+    assert "not a pretrain_gpt.py model" in text and "--tokenizer-model" not in text and "--padded-vocab" not in text
 
 
 def _toml_keys(table: dict, prefix: str = "") -> set[str]:

@@ -296,6 +296,9 @@ def megatron_model_args(model: ModelSpec, plan: Plan) -> tuple[list[str], list[s
         router, router_notes = _megatron_router(model)
         args += router
         notes += router_notes
+    if model.dit is not None:  # no tokenizer or vocabulary: the text encoder is frozen and outside
+        notes.append("a video DiT is not a pretrain_gpt.py model: launch it with Megatron-Bridge / DFM's DiT recipes")
+        return args, notes
     repo = hf_repo(model)
     if repo:
         args += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", repo]
@@ -303,8 +306,6 @@ def megatron_model_args(model: ModelSpec, plan: Plan) -> tuple[list[str], list[s
         notes.append(f"vocabulary {model.vocab} does not split over TP {plan.tp}: Megatron-LM pads it")
     else:
         args += ["--padded-vocab-size", str(model.vocab)]
-    if model.dit is not None:
-        notes.append("a video DiT is not a pretrain_gpt.py model: launch it with Megatron-Bridge / DFM's DiT recipes")
     return args, notes
 
 
