@@ -92,7 +92,7 @@ def _gpt2(name: str, cfg: dict[str, Any]) -> ModelSpec:
         tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         position="learned",
         pos_embedding_rows=_positive("n_positions", _need(cfg, "n_positions", "n_ctx")),
-        norm_eps=_conventions(cfg)["norm_eps"],
+        **_conventions(cfg),
     )
 
 

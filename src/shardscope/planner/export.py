@@ -248,17 +248,18 @@ def _megatron_position(model: ModelSpec) -> list[str]:
         return ["--position-embedding-type", "learned_absolute"]
     if model.position != "rope":
         return ["--position-embedding-type", "none"]
-    args = ["--position-embedding-type", "rope", "--rotary-base", str(round(model.rope_theta))]  # an int flag
     scaling = dict(model.rope_scaling)
     kind = scaling.get("rope_type", scaling.get("type"))
+    yarn_rope = kind == "yarn" and not model.mla  # MLA keeps rope: its attention applies YaRN itself
+    args = ["--position-embedding-type", "yarn" if yarn_rope else "rope"]
+    args += ["--rotary-base", str(round(model.rope_theta))]  # an int flag
     if kind == "llama3":
         args += ["--use-rope-scaling", "--rope-scaling-factor", f"{float(scaling['factor']):g}"]
-    elif kind == "yarn":  # MLA keeps rope (its attention applies YaRN itself); others name it
+    elif kind == "yarn":
         args += ["--rotary-scaling-factor", f"{float(scaling['factor']):g}"]
         for key, flag in (("mscale", "--mscale"), ("mscale_all_dim", "--mscale-all-dim")):
             args += [flag, f"{float(scaling[key]):g}"] if key in scaling else []
-        if not model.mla:
-            args[1] = "yarn"
+        if yarn_rope:
             for key, flag in (
                 ("original_max_position_embeddings", "--yarn-original-max-position-embeddings"),
                 ("beta_fast", "--yarn-beta-fast"),
@@ -311,7 +312,12 @@ def megatron_model_args(model: ModelSpec, plan: Plan) -> tuple[list[str], list[s
 
 def to_megatron(model: ModelSpec, plan: Plan) -> list[str]:
     """Megatron-LM (pretrain_gpt.py) command-line arguments."""
-    args = megatron_model_args(model, plan)[0]
+    return _megatron(model, plan)[0]
+
+
+def _megatron(model: ModelSpec, plan: Plan) -> tuple[list[str], list[str]]:
+    """The network's arguments, then the plan's; and the notes on what they cannot express."""
+    args, notes = megatron_model_args(model, plan)
     args += [
         "--seq-length",
         str(plan.seq_len),
@@ -392,7 +398,7 @@ def to_megatron(model: ModelSpec, plan: Plan) -> list[str]:
         args += ["--cuda-graph-impl", "full_iteration"]
     elif plan.cuda_graphs:
         args += ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-modules", *plan.cuda_graphs]
-    return args
+    return args, notes
 
 
 def to_deepspeed(model: ModelSpec, plan: Plan) -> str:
@@ -445,9 +451,9 @@ def export(fmt: str, model: ModelSpec, plan: Plan) -> str:
     if fmt == "torchtitan":
         return to_torchtitan(model, plan)
     if fmt == "megatron":
-        notes = "".join(f"# note: {n}\n" for n in megatron_model_args(model, plan)[1])
-        args = [shlex.quote(a) for a in to_megatron(model, plan)]
-        return notes + " \\\n  ".join(["torchrun pretrain_gpt.py", *_pairs(args)]) + "\n"
+        args, notes = _megatron(model, plan)
+        command = " \\\n  ".join(["torchrun pretrain_gpt.py", *_pairs([shlex.quote(a) for a in args])])
+        return "".join(f"# note: {n}\n" for n in notes) + command + "\n"
     if fmt == "deepspeed":
         return to_deepspeed(model, plan)
     raise ValueError(fmt)
