@@ -22,7 +22,7 @@ import pytest
 
 from shardscope.costs.compute import memory_time_s, op_time_s
 from shardscope.costs.efficiency import KERNEL_GAP_S, clock_ratio, gemm_fraction
-from shardscope.graph.attention import _core_attention
+from shardscope.graph.attention import core_attention
 from shardscope.graph.common import norm
 from shardscope.graph.fp8 import CAST_BYTES
 from shardscope.hardware.catalog import load_gpu
@@ -111,7 +111,7 @@ def _attention_s(
     model = dataclasses.replace(load_model("gpt-oss-20b"), attention_window=window)
     kind = LayerKind("window" if window else "full", "dense")
     plan = Plan(seq_len=s, micro_batch=b, global_batch=b, causal=causal, attention_kernel=kernel)
-    (op,), _ = _core_attention(model, plan, kind, heads, dqk, dvo)
+    (op,), _ = core_attention(model, plan, kind, heads, dqk, dvo)
     return op_time_s(load_gpu(gpu_name), op, backward, plan)
 
 

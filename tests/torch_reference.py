@@ -15,6 +15,8 @@ Documented CPU differences, which the tests measure separately:
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -256,6 +258,31 @@ class AtenBytes(TorchDispatchMode):
         if func.overloadpacket.__name__ not in self.FREE:
             tensors = [x for x in tree_flatten((args, kwargs, out))[0] if isinstance(x, torch.Tensor)]
             self.total += sum(x.numel() * x.element_size() for x in tensors)
+        return out
+
+
+class ElementwiseBytes(AtenBytes):
+    """`AtenBytes` of the ops outside the GEMMs and the attention kernel, counting what they touch: a
+    broadcast operand (stride 0 along a dimension) once, and views (`unbind`, `unflatten`) as nothing."""
+
+    FREE = AtenBytes.FREE | {"unbind", "unflatten", "flatten"}
+    KERNELS = frozenset({"addmm", "mm", "bmm"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels = 0
+
+    @staticmethod
+    def touched(x: torch.Tensor) -> int:
+        return x.element_size() * math.prod(n for n, st in zip(x.shape, x.stride(), strict=True) if st)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name not in self.FREE and name not in self.KERNELS and "scaled_dot_product" not in name:
+            tensors = [x for x in tree_flatten((args, kwargs, out))[0] if isinstance(x, torch.Tensor)]
+            self.total += sum(self.touched(x) for x in tensors)
+            self.kernels += 1
         return out
 
 

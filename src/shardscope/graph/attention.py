@@ -29,7 +29,7 @@ from shardscope.models.spec import LayerKind, ModelSpec
 from shardscope.plan.plan import Plan
 
 
-def _core_attention(model: ModelSpec, plan: Plan, kind: LayerKind, nh: int, qk_hd: int, v_hd: int) -> tuple[list, list]:
+def core_attention(model: ModelSpec, plan: Plan, kind: LayerKind, nh: int, qk_hd: int, v_hd: int) -> tuple[list, list]:
     """Flash attention over this GPU's queries: QK^T (2·qk_hd) and PV (2·v_hd) FLOPs per query-key
     pair and head, over the keys each query sees (causal, window or chunk; CP ranks split the work
     evenly with load-balanced chunks). Kernels that take the mask as an additive bias (llm-foundry's
@@ -62,7 +62,7 @@ def _unfused_attention(plan: Plan, nh: int, hd: int) -> tuple[list[Op], list[Sav
     return ops, [Saved("softmax out, dropout mask and out", 5 * scores, NONE_ONLY)]
 
 
-def _cp_collectives(plan: Plan, t: int, kv_width: int, a2a_width: int) -> list[Collective]:
+def cp_collectives(plan: Plan, t: int, kv_width: int, a2a_width: int) -> list[Collective]:
     if plan.cp == 1:
         return []
     if plan.cp_kind == "ring":
@@ -152,7 +152,7 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
     # MLA's q, k, v are rebuilt from the latents by the mla_up_proj recompute module
     qkv = Saved("q, k, v", BF16 * t * (q_w + k_w + v_w), NOT_FULL)
     saved += tagged([qkv], "mla_up_proj") if model.mla else [qkv]
-    core_ops, core_saved = _core_attention(model, plan, kind, nh, qk_hd, v_hd)
+    core_ops, core_saved = core_attention(model, plan, kind, nh, qk_hd, v_hd)
     ops += tagged(core_ops, "core_attn")
     saved += tagged(core_saved, "core_attn")
     out_w = nh * v_hd
@@ -164,6 +164,6 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
     ops.append(gemm("out proj", t, h, out_w, sh.fp8))
     ops.append(residual("attn residual add", model, t_sp))
     saved.append(Saved("attn residual (mlp norm input)", BF16 * t_sp * h, NOT_FULL))
-    comms = tp_collectives(plan, "attn", BF16 * t * h) + qk_comms + _cp_collectives(plan, t, kv_ring, a2a_w)
+    comms = tp_collectives(plan, "attn", BF16 * t * h) + qk_comms + cp_collectives(plan, t, kv_ring, a2a_w)
     group = OpGroup(tuple(ops), tuple(saved), tuple(comms))
     return group, fp8_inputs, fp8_grads

@@ -2,14 +2,11 @@
 
 A Wan block is: adaLN-modulated self-attention (non-causal, q/k RMSNorm, 3-D RoPE), cross-attention
 from the video tokens to the text tokens (K/V computed on the text), and an adaLN-modulated GeLU FFN,
-each residual branch scaled by a learned gate. HunyuanVideo's double-stream blocks run the video and
-text tokens through separate weights with joint attention, and its single-stream blocks fuse the QKV
-and MLP-in projections; both are modelled as blocks over the concatenated video + text tokens.
+each residual branch scaled by a learned gate. HunyuanVideo's blocks are diffusers' eager modules
+(`graph.hunyuan`).
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 from shardscope.graph.attention import attention_group
 from shardscope.graph.common import (
@@ -26,6 +23,7 @@ from shardscope.graph.common import (
     residual,
     tp_collectives,
 )
+from shardscope.graph.hunyuan import double_block, single_block
 from shardscope.graph.mlp import dense_mlp_group
 from shardscope.graph.ops import Op, Saved
 from shardscope.models.spec import LayerKind, ModelSpec
@@ -82,10 +80,7 @@ def dit_block_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
     """One DiT block on one GPU for one micro-batch (+ the elements its FP8 GEMMs quantize)."""
     assert model.dit is not None
     if model.dit.family == "hunyuan":
-        joint = replace(plan, seq_len=plan.seq_len + model.dit.text_len * plan.cp)
-        attn, ai, ag = attention_group(model, joint, kind)
-        mlp, mi, mg = dense_mlp_group(model, joint)
-        return attn + mlp + _modulation(model, Shapes.of(joint).t_sp, 2), ai + mi, ag + mg
+        return (double_block if kind.mlp == "dit-double" else single_block)(model, plan, kind)
     attn, ai, ag = attention_group(model, plan, kind)
     cross, ci, cg = _cross_attention(model, plan)
     mlp, mi, mg = dense_mlp_group(model, plan)
