@@ -211,3 +211,18 @@ def test_torchtitan_without_a_flavor_and_deepspeed_with_experts_say_so():
     assert "no flavor of kimi-k2" in export("torchtitan", m, plan)
     notes = " ".join(json.loads(export("deepspeed", m, plan))["_shardscope"]["notes"])
     assert "MoE(ep_size=8)" in notes
+
+
+@pytest.mark.parametrize("name,window", [("mistral-7b", 4096), ("mixtral-8x7b", 0)])
+def test_sliding_window_is_priced_and_exported_alike(name, window):
+    """Mistral's `sliding_window` bounds every layer (transformers' MistralAttention); a null one (Mixtral
+    8x7B) is full attention. The spec prices each layer's attention over the keys it sees, and the Megatron
+    export windows exactly the layers the spec prices as windowed."""
+    model = load_model(name)
+    plan = make_plan(model, make_cluster("H100", 8), tp=8, global_batch=1, seq_len=4 * 4096)
+    windowed = {model.layer_kind(i).attention == "window" for i in range(model.layers)}
+    assert windowed == {bool(window)}
+    keys = model.keys_per_query(model.layer_kind(0), plan.seq_len, causal=True)
+    assert keys < plan.seq_len / 2 if window else keys == pytest.approx((plan.seq_len + 1) / 2)
+    args = _megatron_values(to_megatron(model, plan))
+    assert args.get("--window-size") == (f"({window - 1},0)" if window else None)

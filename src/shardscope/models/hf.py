@@ -48,6 +48,13 @@ def _conventions(cfg: dict[str, Any]) -> dict[str, Any]:
     )
 
 
+def _every_layer_window(cfg: dict[str, Any], layers: int) -> dict[str, Any]:
+    """Mistral and Mixtral: a set `sliding_window` bounds the attention of every layer (transformers'
+    MistralAttention / MixtralAttention pass it to each layer's kernel); null means full attention."""
+    window = int(cfg.get("sliding_window") or 0)
+    return {"attention_window": window, "attention_pattern": ("window",) * layers} if window else {}
+
+
 def _llama_like(name: str, cfg: dict[str, Any]) -> ModelSpec:
     hidden = _positive("hidden_size", _need(cfg, "hidden_size"))
     heads = _positive("num_attention_heads", _need(cfg, "num_attention_heads"))
@@ -55,10 +62,11 @@ def _llama_like(name: str, cfg: dict[str, Any]) -> ModelSpec:
     head_dim = _positive("head_dim", cfg.get("head_dim") or hidden // heads)
     model_type = cfg["model_type"]
     qkv_bias = bool(cfg.get("attention_bias", model_type == "qwen2"))
+    layers = _positive("num_hidden_layers", _need(cfg, "num_hidden_layers"))
     return ModelSpec(
         name=name,
         hidden=hidden,
-        layers=_positive("num_hidden_layers", _need(cfg, "num_hidden_layers")),
+        layers=layers,
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
@@ -73,6 +81,7 @@ def _llama_like(name: str, cfg: dict[str, Any]) -> ModelSpec:
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         position="rope",
         **_conventions(cfg),
+        **(_every_layer_window(cfg, layers) if model_type == "mistral" else {}),
     )
 
 
@@ -177,7 +186,9 @@ def _mixtral(name: str, cfg: dict[str, Any]) -> ModelSpec:
         top_k=_positive("num_experts_per_tok", _need(cfg, "num_experts_per_tok")),
         expert_ffn=_positive("intermediate_size", _need(cfg, "intermediate_size")),
     )
-    return _base(name, cfg, moe=moe, attention_window=int(cfg.get("sliding_window") or 0))
+    return _base(
+        name, cfg, moe=moe, **_every_layer_window(cfg, _positive("num_hidden_layers", _need(cfg, "num_hidden_layers")))
+    )
 
 
 def _qwen3_moe(name: str, cfg: dict[str, Any]) -> ModelSpec:
