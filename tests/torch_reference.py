@@ -268,10 +268,6 @@ class ElementwiseBytes(AtenBytes):
     FREE = AtenBytes.FREE | {"unbind", "unflatten", "flatten"}
     KERNELS = frozenset({"addmm", "mm", "bmm"})
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.kernels = 0
-
     @staticmethod
     def touched(x: torch.Tensor) -> int:
         return x.element_size() * math.prod(n for n, st in zip(x.shape, x.stride(), strict=True) if st)
@@ -282,7 +278,6 @@ class ElementwiseBytes(AtenBytes):
         if name not in self.FREE and name not in self.KERNELS and "scaled_dot_product" not in name:
             tensors = [x for x in tree_flatten((args, kwargs, out))[0] if isinstance(x, torch.Tensor)]
             self.total += sum(self.touched(x) for x in tensors)
-            self.kernels += 1
         return out
 
 

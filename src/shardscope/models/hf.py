@@ -48,11 +48,11 @@ def _conventions(cfg: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def _every_layer_window(cfg: dict[str, Any], layers: int) -> dict[str, Any]:
+def _sliding_window(cfg: dict[str, Any]) -> int:
     """Mistral and Mixtral: a set `sliding_window` bounds the attention of every layer (transformers'
-    MistralAttention / MixtralAttention pass it to each layer's kernel); null means full attention."""
-    window = int(cfg.get("sliding_window") or 0)
-    return {"attention_window": window, "attention_pattern": ("window",) * layers} if window else {}
+    MistralAttention / MixtralAttention pass it to each layer's kernel; no pattern: `ModelSpec.layer_kind`);
+    null means full attention."""
+    return int(cfg.get("sliding_window") or 0)
 
 
 def _llama_like(name: str, cfg: dict[str, Any]) -> ModelSpec:
@@ -62,11 +62,10 @@ def _llama_like(name: str, cfg: dict[str, Any]) -> ModelSpec:
     head_dim = _positive("head_dim", cfg.get("head_dim") or hidden // heads)
     model_type = cfg["model_type"]
     qkv_bias = bool(cfg.get("attention_bias", model_type == "qwen2"))
-    layers = _positive("num_hidden_layers", _need(cfg, "num_hidden_layers"))
     return ModelSpec(
         name=name,
         hidden=hidden,
-        layers=layers,
+        layers=_positive("num_hidden_layers", _need(cfg, "num_hidden_layers")),
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
@@ -81,7 +80,7 @@ def _llama_like(name: str, cfg: dict[str, Any]) -> ModelSpec:
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         position="rope",
         **_conventions(cfg),
-        **(_every_layer_window(cfg, layers) if model_type == "mistral" else {}),
+        attention_window=_sliding_window(cfg) if model_type == "mistral" else 0,
     )
 
 
@@ -186,9 +185,7 @@ def _mixtral(name: str, cfg: dict[str, Any]) -> ModelSpec:
         top_k=_positive("num_experts_per_tok", _need(cfg, "num_experts_per_tok")),
         expert_ffn=_positive("intermediate_size", _need(cfg, "intermediate_size")),
     )
-    return _base(
-        name, cfg, moe=moe, **_every_layer_window(cfg, _positive("num_hidden_layers", _need(cfg, "num_hidden_layers")))
-    )
+    return _base(name, cfg, moe=moe, attention_window=_sliding_window(cfg))
 
 
 def _qwen3_moe(name: str, cfg: dict[str, Any]) -> ModelSpec:

@@ -135,7 +135,7 @@ class ModelSpec(Memoised):
     mla: MLASpec | None = None
     moe: MoESpec | None = None
     attention_window: int = 0  # sliding-window or chunk size for "window"/"chunk" layers
-    attention_pattern: tuple[str, ...] = ()  # per-layer AttentionKind; empty = all full
+    attention_pattern: tuple[str, ...] = ()  # per-layer AttentionKind; empty = all "window" with a window, else "full"
     sinks: bool = False  # one learned sink logit per head (GPT-OSS)
     mtp_layers: int = 0  # multi-token-prediction modules (DeepSeek-V3), not part of params_total
     dit: DiTSpec | None = None
@@ -156,7 +156,7 @@ class ModelSpec(Memoised):
             if self.dit.family == "hunyuan":
                 return LayerKind("full", "dit-double" if i < self.dit.double_layers else "dit-single")
             return LayerKind("full", "dit")
-        attn = self.attention_pattern[i] if self.attention_pattern else "full"
+        attn = self.attention_pattern[i] if self.attention_pattern else ("window" if self.attention_window else "full")
         return LayerKind(attention=attn, mlp="moe" if self.is_moe_layer(i) else "dense")  # type: ignore[arg-type]
 
     def layer_kinds(self) -> tuple[LayerKind, ...]:

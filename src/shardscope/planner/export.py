@@ -228,7 +228,7 @@ def _megatron_attention(model: ModelSpec) -> tuple[list[str], list[str]]:
             args += ["--group-query-attention", "--num-query-groups", str(model.kv_heads)]
     if model.qk_norm or model.mla:
         args.append("--qk-layernorm")
-    windowed = [k == "window" for k in model.attention_pattern] or [model.attention_window > 0] * model.layers
+    windowed = [kind.attention == "window" for kind in model.layer_kinds()]
     if any(windowed):
         args += ["--window-size", f"({model.attention_window - 1},0)"]
         if not all(windowed):
