@@ -193,8 +193,9 @@ def test_hybridep_across_two_h100_nodes_in_training():
     experts. The model gives 0.438 ms for both: the InfiniBand copy of each token to the other node at 90%
     of the NIC (0.37 ms) bounds it, and the NVLink fan-out (0.26 ms) hides under it. The same shortfall
     shows in HybridEP's own kernel benchmark at 16 ranks (`test_hierarchical_dispatch_against_hybridep_kernel_
-    benchmarks`: -20% dispatch, -30% combine), but not at 32 or 64 ranks: across two nodes the NVLink fan-out
-    is nearly as long as the InfiniBand copy, and the two do not fully overlap. Also in that capture, and
+    benchmarks`: -20% dispatch, -30% combine), but not at 32 or 64 ranks. Across two nodes the NVLink fan-out
+    is nearly as long as the InfiniBand copy, which suggests the two stages do not fully overlap; no
+    mechanism found yet fits every source, so the model keeps max(InfiniBand, NVLink). Also in that capture, and
     not in the model: 0.968 s of HybridEP support/RDMA kernels (0.37 ms per layer and micro-batch, against
     our routing-map all-gather of 0.10 ms)."""
     model = load_model("qwen3-30b-a3b")
