@@ -1,0 +1,82 @@
+"""Extract NVIDIA aiconfigurator's measured TRT-LLM fused-MoE forward times for the training shapes.
+
+Run from an aiconfigurator checkout (github.com/ai-dynamo/aiconfigurator), with `pyarrow` installed:
+
+    python tools/aiconfigurator_moe.py > validation/moe_measured_aiconfigurator.csv
+
+Each row of `aic-core/src/aiconfigurator_core/systems/data/<gpu>/moe/trtllm/1.3.0rc20/moe_perf.parquet`
+is one `moe.forward(hidden_states, router_logits)` (collector/trtllm/collect_moe.py): routing from given
+logits, permutation, the gated grouped GEMMs, activation and the weighted un-permute. Kept: forced-balance
+routing (`balanced`), no expert tensor or expert parallelism (every expert on the one GPU, as on a
+training rank with EP 1), 4k-16k tokens, the gated CUTLASS kernels in BF16 and DeepGEMM's block-scaled
+FP8 on Blackwell, at the expert shapes of five catalog models.
+"""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+# (hidden, expert ffn, top-k, experts) -> catalog model
+SHAPES = {
+    (2048, 768, 8, 128): "qwen3-30b-a3b",
+    (4096, 1536, 8, 128): "qwen3-235b-a22b",
+    (7168, 2048, 8, 256): "deepseek-v3",
+    (4096, 14336, 2, 8): "mixtral-8x7b",
+    (6144, 16384, 2, 8): "mixtral-8x22b",
+}
+SYSTEMS = {"h100_sxm": "H100", "b200_sxm": "B200", "gb200": "GB200"}
+KERNELS = {"bfloat16": "moe_torch_flow_cutlass", "fp8_block": "deepgemm"}
+VERSION = "1.3.0rc20"
+DATA = "aic-core/src/aiconfigurator_core/systems/data"
+
+
+def main() -> None:
+    out = csv.writer(sys.stdout, lineterminator="\n")
+    out.writerow(
+        [
+            "gpu",
+            "dtype",
+            "kernel",
+            "trtllm_version",
+            "model",
+            "num_tokens",
+            "hidden",
+            "inter",
+            "top_k",
+            "experts",
+            "latency_ms",
+        ]
+    )
+    for system, gpu in SYSTEMS.items():
+        blob = subprocess.run(
+            ["git", "show", f"HEAD:{DATA}/{system}/moe/trtllm/{VERSION}/moe_perf.parquet"],
+            capture_output=True,
+            check=True,
+        ).stdout
+        for r in pq.read_table(pa.BufferReader(blob)).to_pylist():
+            shape = (r["hidden_size"], r["inter_size"], r["topk"], r["num_experts"])
+            if shape not in SHAPES or r["distribution"] != "balanced" or r["moe_tp_size"] != 1 or r["moe_ep_size"] != 1:
+                continue
+            if KERNELS.get(r["moe_dtype"]) != r["kernel_source"] or r["num_tokens"] < 4096:
+                continue
+            out.writerow(
+                [
+                    gpu,
+                    r["moe_dtype"],
+                    r["kernel_source"],
+                    VERSION,
+                    SHAPES[shape],
+                    r["num_tokens"],
+                    *shape,
+                    round(r["latency"], 6),
+                ]
+            )
+
+
+if __name__ == "__main__":
+    main()
