@@ -4,7 +4,9 @@ Defaults for blank cells (the frameworks' own recipes, never tuned to a row):
   micro_batch   1 (Megatron's default; Narayanan 2021 and Llama 3 do not state it).
   vpp           1 (no interleaving).
   recompute     the least recompute that fits in memory (none, selective, full): the run did not run out
-                of memory, and recipes pick recompute that way.
+                of memory, and recipes pick recompute that way. A recipe's recompute where the run kept
+                the recipe's layout; where it overrode the layout (`layout_differs`), the least recompute
+                from the recipe's up that fits.
   zero_or_fsdp  blank: Megatron-Bridge/NeMo recipes use the distributed optimizer (ZeRO-1); Narayanan 2021
                 predates it (DDP). `ddp` in Megatron-Bridge tables (LLM and Wan DiT recipes, whose
                 `use_distributed_optimizer=True`) also runs the distributed optimizer.
@@ -326,19 +328,26 @@ def case_from_row(row: dict[str, str]) -> RowCase:
         )
     except ShardscopeError as exc:
         raise SkipRow(f"plan rejected: {exc}") from None
-    if not (row.get("recompute") or "").strip() and recipe is None:
-        plan = _least_recompute_that_fits(model, cluster, plan)
+    if not (row.get("recompute") or "").strip():
+        if recipe is None:
+            plan = _least_recompute_that_fits(model, cluster, plan)
+        elif recipe.get("layout_differs"):
+            # The run overrode the recipe's layout, so the recipe's recompute is a floor, not a fact:
+            # where it does not fit the overridden layout, the run recomputed more.
+            plan = _least_recompute_that_fits(model, cluster, plan, floor=plan.recompute)
     return RowCase(model, cluster, plan)
 
 
-def _least_recompute_that_fits(model: ModelSpec, cluster: Cluster, plan: Plan) -> Plan:
-    """A blank recompute cell: the run did not run out of memory, so it used the least recompute that
-    fits (none, then selective, then full) — which frameworks' recipes pick the same way."""
+def _least_recompute_that_fits(model: ModelSpec, cluster: Cluster, plan: Plan, floor: str = "none") -> Plan:
+    """A run whose recompute is not known: it did not run out of memory, so it used the least recompute
+    that fits, from `floor` up (none, then selective, then full) — which frameworks' recipes pick the same
+    way."""
     from dataclasses import replace
 
     from shardscope.analytic.step import estimate_step
 
-    for policy in ("none", "selective"):
+    policies = ("none", "selective", "full")
+    for policy in policies[policies.index(floor) : 2]:
         candidate = replace(plan, recompute=policy)
         if estimate_step(model, cluster, candidate).fits:
             return candidate
