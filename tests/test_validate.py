@@ -166,7 +166,7 @@ def test_measured_runs_fit(public_report):
     assert {"MB-035", "MB-045", "MB-051", "MB-057", "MB-083"}.isdisjoint(over)  # fit once the SwiGLU is fused
 
 
-def test_runs_that_overrode_their_recipe_recompute_as_much_as_they_must_to_fit(public_csv):
+def test_runs_that_overrode_their_recipe_layout_recompute_as_much_as_they_must_to_fit(public_csv):
     """A run that overrode its recipe's layout (`layout_differs`) kept at least the recipe's recompute, and
     more where the recipe's does not fit the row's layout: GPT-OSS-120B at MBS 4 on 64 H100 (the preset
     has MBS 1) needs 144 GiB of 80 without recompute and runs with full recompute; at EP 8 on 64 B200
@@ -174,10 +174,12 @@ def test_runs_that_overrode_their_recipe_recompute_as_much_as_they_must_to_fit(p
     stays (DeepSeek-V3 on GB200 keeps its MLA up-projection recompute), and a row run as its preset keeps
     its recipe even where the model puts it 0.4% over (MB-069)."""
     from shardscope.analytic.step import estimate_step
-    from shardscope.validate.rows import case_from_row, megatron_bridge_recipe
+    from shardscope.errors import ShardscopeError
+    from shardscope.validate.rows import _least_recompute_that_fits, case_from_row, megatron_bridge_recipe
 
     rows = {r["id"]: r for r in read_rows(public_csv)}
     expected = {"MB-001": "full", "MB-031": "selective", "MB-053": "selective", "MB-069": "none"}
+    below = {"full": "selective", "selective": "none"}
     for row_id, recompute in expected.items():
         row = rows[row_id]
         recipe = megatron_bridge_recipe(row)
@@ -187,6 +189,11 @@ def test_runs_that_overrode_their_recipe_recompute_as_much_as_they_must_to_fit(p
             assert estimate_step(case.model, case.cluster, case.plan).fits, row_id
             unforced = case_from_row(row | {"recompute": recipe["recompute"]})  # the recipe's, stated
             assert (row_id == "MB-053") == (unforced.plan == case.plan), row_id
+            if row_id != "MB-053":  # the least that fits: one policy less does not
+                less = replace(case.plan, recompute=below[recompute], recompute_modules=())
+                assert not estimate_step(case.model, case.cluster, less).fits, row_id
+    with pytest.raises(ShardscopeError, match="recompute floor"):
+        _least_recompute_that_fits(case.model, case.cluster, case.plan, floor="most")  # type: ignore[arg-type]
     assert case_from_row(rows["MB-053"]).plan.recompute_modules == ("mla_up_proj",)
     assert not megatron_bridge_recipe(rows["MB-069"]).get("layout_differs")
 

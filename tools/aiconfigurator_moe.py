@@ -1,8 +1,9 @@
 """Extract NVIDIA aiconfigurator's measured TRT-LLM fused-MoE forward times for the training shapes.
 
-Run from an aiconfigurator checkout (github.com/ai-dynamo/aiconfigurator), with `pyarrow` installed:
+Run inside a clone of github.com/ai-dynamo/aiconfigurator (it reads commit `REV` with git), with `pyarrow`
+installed (`$SHARDSCOPE` is this repository):
 
-    python tools/aiconfigurator_moe.py > validation/moe_measured_aiconfigurator.csv
+    python $SHARDSCOPE/tools/aiconfigurator_moe.py > $SHARDSCOPE/validation/moe_measured_aiconfigurator.csv
 
 Each row of `aic-core/src/aiconfigurator_core/systems/data/<gpu>/moe/trtllm/1.3.0rc20/moe_perf.parquet`
 is one `moe.forward(hidden_states, router_logits)` (collector/trtllm/collect_moe.py): routing from given
@@ -32,6 +33,7 @@ SHAPES = {
 SYSTEMS = {"h100_sxm": "H100", "b200_sxm": "B200", "gb200": "GB200"}
 KERNELS = {"bfloat16": "moe_torch_flow_cutlass", "fp8_block": "deepgemm"}
 VERSION = "1.3.0rc20"
+REV = "095f58a"  # the aiconfigurator commit the CSV was read at
 DATA = "aic-core/src/aiconfigurator_core/systems/data"
 
 
@@ -54,7 +56,7 @@ def main() -> None:
     )
     for system, gpu in SYSTEMS.items():
         blob = subprocess.run(
-            ["git", "show", f"HEAD:{DATA}/{system}/moe/trtllm/{VERSION}/moe_perf.parquet"],
+            ["git", "show", f"{REV}:{DATA}/{system}/moe/trtllm/{VERSION}/moe_perf.parquet"],
             capture_output=True,
             check=True,
         ).stdout

@@ -51,7 +51,7 @@ import yaml
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster, load_gpu, make_cluster
 from shardscope.models.spec import GPT_BLOCK, ModelSpec
-from shardscope.plan.plan import Plan, cuda_graph_scopes, make_plan
+from shardscope.plan.plan import Plan, Recompute, cuda_graph_scopes, make_plan
 
 MEGATRON_BRIDGE_SOURCES = {"MBRIDGE_PERF", "MBRIDGE_MOE_AB", "MBRIDGE_CARD", "MBRIDGE_CG_AB"}
 MEGATRON_SOURCES = MEGATRON_BRIDGE_SOURCES | {"NEMO_2407_PERF", "MCORE_MOE_REPORT", "MCORE_DSV3_GB200_GUIDE"}
@@ -338,18 +338,24 @@ def case_from_row(row: dict[str, str]) -> RowCase:
     return RowCase(model, cluster, plan)
 
 
-def _least_recompute_that_fits(model: ModelSpec, cluster: Cluster, plan: Plan, floor: str = "none") -> Plan:
+def _least_recompute_that_fits(model: ModelSpec, cluster: Cluster, plan: Plan, floor: Recompute = "none") -> Plan:
     """A run whose recompute is not known: it did not run out of memory, so it used the least recompute
     that fits, from `floor` up (none, then selective, then full) — which frameworks' recipes pick the same
-    way."""
+    way. The plan's own selective modules are kept at its own level; a policy above it takes the policy's
+    defaults."""
     from dataclasses import replace
 
     from shardscope.analytic.step import estimate_step
 
-    policies = ("none", "selective", "full")
-    for policy in policies[policies.index(floor) : 2]:
-        candidate = replace(plan, recompute=policy)
+    policies: tuple[Recompute, ...] = ("none", "selective", "full")
+    if floor not in policies:
+        raise ShardscopeError(f"unknown recompute floor {floor!r}; choose one of {', '.join(policies)}")
+    for policy in policies[policies.index(floor) :]:
+        modules = plan.recompute_modules if policy == plan.recompute else ()
+        candidate = replace(plan, recompute=policy, recompute_modules=modules)
+        if policy == "full":  # Megatron-Core refuses the EP all-to-all overlap with full recompute
+            candidate = replace(candidate, ep_comm_overlap=False)
         if estimate_step(model, cluster, candidate).fits:
             return candidate
-    # Megatron-Core refuses the EP all-to-all overlap with full recompute, so a run that needed it had none.
-    return replace(plan, recompute="full", ep_comm_overlap=False)
+    # nothing fits: the most a run could have recomputed
+    return replace(plan, recompute="full", recompute_modules=(), ep_comm_overlap=False)
