@@ -25,10 +25,11 @@ from shardscope.costs.efficiency import KERNEL_GAP_S, clock_ratio, gemm_fraction
 from shardscope.graph.attention import core_attention
 from shardscope.graph.common import norm
 from shardscope.graph.fp8 import CAST_BYTES
-from shardscope.hardware.catalog import load_gpu
+from shardscope.graph.mlp import moe_group
+from shardscope.hardware.catalog import load_gpu, make_cluster
 from shardscope.models.catalog import load_model
 from shardscope.models.spec import LayerKind
-from shardscope.plan.plan import Plan
+from shardscope.plan.plan import Plan, make_plan
 
 # gpu, batch, seq, query heads, qk / vo head dims, causal, window, forward ms, backward ms
 SDPA = [
@@ -288,10 +289,6 @@ def _moe_model_ms(row: dict[str, str]) -> float:
     every expert (EP 1): routing top-k, permutation, the grouped expert GEMMs (FP8 quantization
     included), activation and weighted un-permute. The router GEMM and the shared expert are left out:
     the measured op takes the logits as input and has no shared expert."""
-    from shardscope.graph.mlp import moe_group
-    from shardscope.hardware.catalog import make_cluster
-    from shardscope.plan.plan import make_plan
-
     model = load_model(row["model"])
     cluster = make_cluster(row["gpu"], 1)
     fp8 = {"precision": "fp8", "fp8_recipe": "blockwise"} if row["dtype"] == "fp8_block" else {}

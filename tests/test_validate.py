@@ -192,8 +192,9 @@ def test_runs_that_overrode_their_recipe_layout_recompute_as_much_as_they_must_t
             if row_id != "MB-053":  # the least that fits: one policy less does not
                 less = replace(case.plan, recompute=below[recompute], recompute_modules=())
                 assert not estimate_step(case.model, case.cluster, less).fits, row_id
+    mb001 = case_from_row(rows["MB-001"])
     with pytest.raises(ShardscopeError, match="recompute floor"):
-        _least_recompute_that_fits(case.model, case.cluster, case.plan, floor="most")  # type: ignore[arg-type]
+        _least_recompute_that_fits(mb001.model, mb001.cluster, mb001.plan, floor="most")  # type: ignore[arg-type]
     assert case_from_row(rows["MB-053"]).plan.recompute_modules == ("mla_up_proj",)
     assert not megatron_bridge_recipe(rows["MB-069"]).get("layout_differs")
 
