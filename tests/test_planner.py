@@ -123,6 +123,8 @@ def test_exports_parse_and_match(kw):
     )
     assert tp * pp * cp * plan.dp == 256 and (tp, pp, cp) == (plan.tp, plan.pp, plan.cp)
     assert int(val["--global-batch-size"]) == 256 and int(val["--micro-batch-size"]) == plan.micro_batch
+    if plan.recompute == "selective":  # op-level selective has no Megatron module list: the export says so
+        assert "--recompute-modules" not in args and "core_attn only" in export("megatron", m, plan)
     ds = json.loads(export("deepspeed", m, plan))
     assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * plan.dp
     s = ds["_shardscope"]
@@ -275,6 +277,77 @@ def test_budget_cli():
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["kind"] == "sac" and d["exact"]["cost_s"] <= d["greedy"]["cost_s"]
+
+
+def test_megatron_recompute_modules_fit_the_budget_fastest():
+    """DeepSeek-V3's layers carry every Megatron module (MLA up-projection, MoE activation, shared experts,
+    the dense layers' MLP); the chosen set fits, every faster set does not, recomputing one more module
+    never keeps more memory, and the set estimates the same through the public API."""
+    from shardscope.planner.modules import module_sets, plan_modules
+
+    kw = dict(tp=2, pp=8, vpp=4, ep=64, zero=1, precision="fp8", global_batch=4096, seq_len=4096)
+    m, c, plan = shardscope.setup("deepseek-v3", "H100", 1024, **kw)
+    result = plan_modules(m, c, plan, budget_gib=78)
+    assert set(result.available) == {"core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe", "shared_experts"}
+    assert result.best.modules and result.best.required_gib <= 78
+    sets = module_sets(m, c, plan)
+    assert len(sets) == 2 ** len(result.available)
+    assert all(s.required_gib > 78 for s in sets if s.step_time_s < result.best.step_time_s)
+    by_modules = {frozenset(s.modules): s for s in sets}
+    for mods, s in by_modules.items():
+        for extra in set(result.available) - mods:
+            assert by_modules[mods | {extra}].required_gib <= s.required_gib + 1e-9
+    again = shardscope.estimate(
+        "deepseek-v3", "H100", 1024, recompute="selective", recompute_modules=",".join(result.best.modules), **kw
+    )
+    assert again.memory.required_gib == pytest.approx(result.best.required_gib)
+    with pytest.raises(ShardscopeError, match="no set of Megatron recompute modules"):
+        plan_modules(m, c, plan, budget_gib=20)
+
+
+def test_search_tries_megatron_module_sets_before_full_recompute():
+    """DeepSeek-V3 on 1,024 H100 at PP16 VP2 CP2 EP16 fits with neither no recompute nor op-level
+    selective. The search takes the least Megatron module set on the frontier that fits, which here beats
+    recomputing whole layers (what it could offer before); without module sets it falls back to full."""
+    from dataclasses import replace
+
+    from shardscope.planner.modules import module_frontier
+    from shardscope.planner.search import _fits_memory, evaluate_structure
+    from shardscope.planner.space import SearchSpace, structures
+
+    m, c = load_model("deepseek-v3"), make_cluster("H100", 1024)
+    want = {"tp": 1, "pp": 16, "vpp": 2, "cp": 2, "ep": 16, "zero": 1, "micro_batch": 1}
+    kw = next(k for k in structures(m, c, 4096, 4096) if all(k.get(f) == v for f, v in want.items()))
+    kw = {**kw, "precision": "fp8"}
+    with_modules = evaluate_structure(m, c, kw, space=SearchSpace(precision="fp8"))
+    without = evaluate_structure(m, c, kw, space=SearchSpace(precision="fp8", recompute_modules=False))
+    assert with_modules.plan.recompute == "selective" and with_modules.plan.recompute_modules
+    assert without.plan.recompute == "full"
+    assert with_modules.estimate.tokens_per_s_per_gpu > without.estimate.tokens_per_s_per_gpu
+    frontier = [mods for mods, _ in module_frontier(m, c, with_modules.plan)]
+    chosen = frontier.index(with_modules.plan.recompute_modules)
+    for mods in frontier[:chosen]:  # every set recomputing less does not fit, with or without offload
+        for off in (False, True):
+            less = replace(with_modules.plan, recompute_modules=mods, offload_optimizer=off)
+            assert not _fits_memory(m, c, less)
+
+
+def test_budget_cli_takes_the_moe_plan_options():
+    base = ["budget", "qwen3-30b-a3b", "--gpus", "16", "--zero", "1", "--global-batch", "1024"]
+    args = [*base, "--ep", "16", "--knob", "modules"]
+    r = runner.invoke(app, [*args, "--budget-gib", "75", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["kind"] == "modules" and d["best"]["required_gib"] <= 75 and "moe_act" in d["available"]
+    table = runner.invoke(app, [*args, "--budget-gib", "75"])
+    assert table.exit_code == 0 and "--recompute-modules" in table.stdout
+    for bad, needle in (
+        ([*base, "--knob", "nope", "--budget-gib", "75"], "--knob must be one of modules, sac"),
+        ([*args, "--budget-gib", "10"], "no set of Megatron recompute modules"),
+        ([*base, "--ep", "3", "--budget-gib", "75"], "--ep 3"),
+    ):
+        r = runner.invoke(app, bad)
+        assert r.exit_code == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
 
 
 def test_low_precision_optimizer_dtypes_in_torchtitan_and_deepspeed_exports():

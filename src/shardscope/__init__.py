@@ -8,11 +8,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shardscope.result import Estimate
 
+if TYPE_CHECKING:
+    from shardscope.hardware.catalog import Cluster
+    from shardscope.models.spec import ModelSpec
+    from shardscope.plan.plan import Plan
+
 __version__ = "0.1.0"
-__all__ = ["Estimate", "estimate"]
+__all__ = ["Estimate", "estimate", "setup"]
 
 
 def estimate(
@@ -39,18 +45,10 @@ def estimate(
     zb-h1, dualpipe; stragglers) instead of the closed form; `trace` writes its Chrome-trace JSON.
     """
     from shardscope.analytic.step import estimate_step
-    from shardscope.hardware.catalog import load_cluster_file, make_cluster
-    from shardscope.models.catalog import load_model
-    from shardscope.plan.plan import make_plan
 
-    spec = load_model(model)
-    if video is not None:
-        plan["seq_len"] = video_seq_len(spec, video)
-    if cluster_file is not None:
-        cluster = load_cluster_file(Path(cluster_file), gpus=gpus)
-    else:
-        cluster = make_cluster(gpu, gpus, gpus_per_node)
-    p = make_plan(spec, cluster, **plan)
+    spec, cluster, p = setup(
+        model, gpu, gpus, gpus_per_node=gpus_per_node, cluster_file=cluster_file, video=video, **plan
+    )
     if not (simulate or trace or schedule or straggler_fraction):
         return estimate_step(spec, cluster, p)
     from shardscope.errors import ShardscopeError
@@ -76,6 +74,31 @@ def estimate(
 
         write_trace(result, Path(trace))
     return result.estimate
+
+
+def setup(
+    model: str | Path,
+    gpu: str = "H100",
+    gpus: int = 8,
+    *,
+    gpus_per_node: int | None = None,
+    cluster_file: str | Path | None = None,
+    video: str | None = None,
+    **plan: object,
+) -> tuple[ModelSpec, Cluster, Plan]:
+    """The model spec, cluster and validated plan that `estimate` takes the same arguments for."""
+    from shardscope.hardware.catalog import load_cluster_file, make_cluster
+    from shardscope.models.catalog import load_model
+    from shardscope.plan.plan import make_plan
+
+    spec = load_model(model)
+    if video is not None:
+        plan["seq_len"] = video_seq_len(spec, video)
+    if cluster_file is not None:
+        cluster = load_cluster_file(Path(cluster_file), gpus=gpus)
+    else:
+        cluster = make_cluster(gpu, gpus, gpus_per_node)
+    return spec, cluster, make_plan(spec, cluster, **plan)
 
 
 def video_seq_len(spec, video: str) -> int:

@@ -22,13 +22,58 @@ app = typer.Typer(
     help="Plan and simulate large-model training on GPU clusters: memory, step time, MFU.",
 )
 
-# --cuda-graphs of estimate, plan and report
+# Options shared by several commands: one declaration each.
+Gpu = Annotated[str, typer.Option(help="GPU kind (see `shardscope gpus`)")]
+Gpus = Annotated[int, typer.Option(help="total GPUs")]
+GpusPerNode = Annotated[int | None, typer.Option(help="GPUs per node (default: the GPU's system)")]
+ClusterFile = Annotated[Path | None, typer.Option(help="cluster description file (YAML/JSON)")]
+Tp = Annotated[int, typer.Option(help="tensor-parallel degree")]
+Pp = Annotated[int, typer.Option(help="pipeline-parallel degree")]
+Vpp = Annotated[int, typer.Option(help="virtual stages per pipeline rank (interleaved 1F1B)")]
+PpLayout = Annotated[
+    str | None,
+    typer.Option(
+        help="layers per model chunk: Megatron layout ('Et*4|(t*4|)*14tmL'; MTP in a chunk of its own: "
+        "'...|m|L') or counts ('5,4,...,1')"
+    ),
+]
+Cp = Annotated[int, typer.Option(help="context-parallel degree")]
+CpKind = Annotated[str, typer.Option(help="context parallel: ring | a2a")]
+SequenceParallel = Annotated[bool, typer.Option(help="Megatron sequence parallel with TP")]
+Zero = Annotated[int, typer.Option(help="ZeRO stage 0-3 (Megatron-style state)")]
+Fsdp = Annotated[bool, typer.Option(help="PyTorch FSDP (full shard); see --shard-group, --reshard")]
+ShardGroup = Annotated[int, typer.Option(help="HSDP shard-group size (0 = all of dp)")]
+Reshard = Annotated[bool, typer.Option(help="FSDP reshard after forward")]
+Recompute = Annotated[str, typer.Option(help="activation recompute: none | selective | full")]
+RecomputeLayers = Annotated[int, typer.Option(help="full recompute for only this many layers per stage")]
+RecomputeModules = Annotated[
+    str | None,
+    typer.Option(help="with selective: Megatron modules to recompute, e.g. layernorm,moe_act,mla_up_proj"),
+]
+MicroBatch = Annotated[int, typer.Option(help="sequences per micro-batch per GPU")]
+GlobalBatch = Annotated[int | None, typer.Option(help="sequences per optimizer step")]
+SeqLen = Annotated[int, typer.Option(help="sequence length in tokens")]
+Video = Annotated[str | None, typer.Option(help="video DiT clip FRAMESxHEIGHTxWIDTH (sets the token count)")]
+Precision = Annotated[str, typer.Option(help="bf16 | fp16 | fp8")]
+Fp8Recipe = Annotated[str, typer.Option(help="tensorwise | delayed | blockwise | mxfp8")]
+Fp8AllGather = Annotated[
+    bool, typer.Option(help="FP8 parameters, gathered in FP8, no BF16 copy (Megatron --fp8-param-gather)")
+]
+AttentionKernel = Annotated[str, typer.Option(help="auto | fa2 | fa3 | cudnn")]
+TpCommOverlap = Annotated[bool, typer.Option(help="overlap TP collectives with GEMMs")]
+Ep = Annotated[int, typer.Option(help="expert-parallel degree (carved out of dp·cp·tp)")]
+Etp = Annotated[int, typer.Option(help="expert tensor-parallel degree")]
+MoeSkew = Annotated[float, typer.Option(help="Zipf exponent of expert popularity (0 = balanced)")]
+MoeImbalance = Annotated[float, typer.Option(help="extra load factor on the hottest EP rank (dropless)")]
+CapacityFactor = Annotated[float, typer.Option(help="expert capacity factor, experts padded to it (0 = dropless)")]
+Mtp = Annotated[bool, typer.Option(help="train the multi-token-prediction modules (DeepSeek-V3)")]
+EpCommOverlap = Annotated[bool, typer.Option(help="hide EP all-to-alls under another micro-batch")]
+EpDispatch = Annotated[str, typer.Option(help="flat (NCCL all-to-all) | deepep | hybridep (one copy per node)")]
+FsdpPrefetch = Annotated[int, typer.Option(help="FSDP layers gathered ahead (0 = no overlap)")]
 CudaGraphs = Annotated[
     str,
     typer.Option(help="CUDA-graphed scopes (default eager): attn,mlp,moe_router,moe_preprocess,moe | full_iteration"),
 ]
-
-# --fused-activation of estimate, plan and report
 FusedActivation = Annotated[
     bool,
     typer.Option(help="Megatron-Core fused SwiGLU: keeps only its input (default: unfused, as torchtitan / HF)"),
@@ -37,6 +82,12 @@ FusedCrossEntropy = Annotated[
     bool,
     typer.Option(help="fused cross-entropy kernel: no fp32 copy of the logits (default: unfused, fp32 upcast)"),
 ]
+OffloadOptimizer = Annotated[bool, typer.Option(help="optimizer states in host memory, Adam on the CPU")]
+OffloadActivations = Annotated[float, typer.Option(help="fraction of saved activations offloaded")]
+OptimizerMoments = Annotated[str, typer.Option(help="Adam m, v dtype: fp32 | bf16 | fp8 (Megatron)")]
+MainGrads = Annotated[str, typer.Option(help="gradient buffer dtype: fp32 | bf16 (Megatron)")]
+OverlapGradReduce = Annotated[bool, typer.Option(help="DP gradient reduction under the backward")]
+AsJson = Annotated[bool, typer.Option("--json", help="print one JSON object")]
 # The planner's MoE choices: searched unless fixed
 EpDispatchChoice = Annotated[
     str, typer.Option(help="MoE token dispatcher: auto (try flat and deepep) | flat | deepep | hybridep")
@@ -45,6 +96,27 @@ EpCommOverlapChoice = Annotated[
     bool | None,
     typer.Option("--ep-comm-overlap/--no-ep-comm-overlap", help="EP all-to-all overlap (default: try both)"),
 ]
+
+# The `Plan` fields that estimate and budget take as options of the same name
+PLAN_OPTIONS = (
+    "tp", "pp", "vpp", "pp_layout", "cp", "cp_kind", "sequence_parallel", "zero", "fsdp", "shard_group",
+    "recompute", "recompute_layers", "recompute_modules", "micro_batch", "global_batch", "seq_len",
+    "precision", "fp8_recipe", "fp8_all_gather", "attention_kernel", "tp_comm_overlap", "ep", "etp",
+    "moe_skew", "moe_imbalance", "capacity_factor", "mtp", "ep_comm_overlap", "ep_dispatch", "fsdp_prefetch",
+    "cuda_graphs", "fused_activation", "fused_cross_entropy", "offload_optimizer", "offload_activations",
+    "optimizer_moments", "main_grads", "overlap_grad_reduce",
+)  # fmt: skip
+
+
+def _plan_options(values: dict, dp: int | None = None) -> dict:
+    """The plan keywords among a command's option `values`; the global batch defaults to one micro-batch
+    per data-parallel rank (per pipeline stage under pipelining)."""
+    kw = {k: values[k] for k in PLAN_OPTIONS}
+    kw["reshard_after_forward"] = values["reshard"]
+    if kw["global_batch"] is None:
+        derived_dp = dp or max(values["gpus"] // (kw["tp"] * kw["pp"] * kw["cp"]), 1)
+        kw["global_batch"] = kw["micro_batch"] * derived_dp * max(kw["pp"], 1)
+    return kw
 
 
 def _fail(msg: str) -> None:
@@ -55,66 +127,51 @@ def _fail(msg: str) -> None:
 @app.command()
 def estimate(
     model: Annotated[str, typer.Argument(help="catalog name (see `shardscope models`) or path to a config.json")],
-    gpu: Annotated[str, typer.Option(help="GPU kind (see `shardscope gpus`)")] = "H100",
-    gpus: Annotated[int, typer.Option(help="total GPUs")] = 8,
-    gpus_per_node: Annotated[int | None, typer.Option(help="GPUs per node (default: the GPU's system)")] = None,
-    cluster: Annotated[Path | None, typer.Option(help="cluster description file (YAML/JSON)")] = None,
-    tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
-    pp: Annotated[int, typer.Option(help="pipeline-parallel degree")] = 1,
-    vpp: Annotated[int, typer.Option(help="virtual stages per pipeline rank (interleaved 1F1B)")] = 1,
-    pp_layout: Annotated[
-        str | None,
-        typer.Option(
-            help="layers per model chunk: Megatron layout ('Et*4|(t*4|)*14tmL'; MTP in a chunk of its own: "
-            "'...|m|L') or counts ('5,4,...,1')"
-        ),
-    ] = None,
-    cp: Annotated[int, typer.Option(help="context-parallel degree")] = 1,
-    cp_kind: Annotated[str, typer.Option(help="context parallel: ring | a2a")] = "ring",
+    gpu: Gpu = "H100",
+    gpus: Gpus = 8,
+    gpus_per_node: GpusPerNode = None,
+    cluster: ClusterFile = None,
+    tp: Tp = 1,
+    pp: Pp = 1,
+    vpp: Vpp = 1,
+    pp_layout: PpLayout = None,
+    cp: Cp = 1,
+    cp_kind: CpKind = "ring",
     dp: Annotated[int | None, typer.Option(help="data-parallel degree (default gpus/(tp·pp·cp))")] = None,
-    sequence_parallel: Annotated[bool, typer.Option(help="Megatron sequence parallel with TP")] = True,
-    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (Megatron-style state)")] = 0,
-    fsdp: Annotated[bool, typer.Option(help="PyTorch FSDP (full shard); see --shard-group, --reshard")] = False,
-    shard_group: Annotated[int, typer.Option(help="HSDP shard-group size (0 = all of dp)")] = 0,
-    reshard: Annotated[bool, typer.Option(help="FSDP reshard after forward")] = True,
-    recompute: Annotated[str, typer.Option(help="activation recompute: none | selective | full")] = "none",
-    recompute_layers: Annotated[int, typer.Option(help="full recompute for only this many layers per stage")] = 0,
-    recompute_modules: Annotated[
-        str | None,
-        typer.Option(help="with selective: Megatron modules to recompute, e.g. layernorm,moe_act,mla_up_proj"),
-    ] = None,
-    micro_batch: Annotated[int, typer.Option(help="sequences per micro-batch per GPU")] = 1,
-    global_batch: Annotated[int | None, typer.Option(help="sequences per optimizer step")] = None,
-    seq_len: Annotated[int, typer.Option(help="sequence length in tokens")] = 4096,
-    video: Annotated[str | None, typer.Option(help="video DiT clip FRAMESxHEIGHTxWIDTH (sets the token count)")] = None,
-    precision: Annotated[str, typer.Option(help="bf16 | fp16 | fp8")] = "bf16",
-    fp8_recipe: Annotated[str, typer.Option(help="tensorwise | delayed | blockwise | mxfp8")] = "tensorwise",
-    fp8_all_gather: Annotated[
-        bool, typer.Option(help="FP8 parameters, gathered in FP8, no BF16 copy (Megatron --fp8-param-gather)")
-    ] = False,
-    attention_kernel: Annotated[str, typer.Option(help="auto | fa2 | fa3 | cudnn")] = "auto",
-    tp_comm_overlap: Annotated[bool, typer.Option(help="overlap TP collectives with GEMMs")] = False,
-    ep: Annotated[int, typer.Option(help="expert-parallel degree (carved out of dp·cp·tp)")] = 1,
-    etp: Annotated[int, typer.Option(help="expert tensor-parallel degree")] = 1,
-    moe_skew: Annotated[float, typer.Option(help="Zipf exponent of expert popularity (0 = balanced)")] = 0.0,
-    moe_imbalance: Annotated[float, typer.Option(help="extra load factor on the hottest EP rank (dropless)")] = 1.0,
-    capacity_factor: Annotated[
-        float, typer.Option(help="expert capacity factor, experts padded to it (0 = dropless)")
-    ] = 0.0,
-    mtp: Annotated[bool, typer.Option(help="train the multi-token-prediction modules (DeepSeek-V3)")] = False,
-    ep_comm_overlap: Annotated[bool, typer.Option(help="hide EP all-to-alls under another micro-batch")] = False,
-    ep_dispatch: Annotated[
-        str, typer.Option(help="flat (NCCL all-to-all) | deepep | hybridep (one copy per node)")
-    ] = "flat",
-    fsdp_prefetch: Annotated[int, typer.Option(help="FSDP layers gathered ahead (0 = no overlap)")] = 1,
+    sequence_parallel: SequenceParallel = True,
+    zero: Zero = 0,
+    fsdp: Fsdp = False,
+    shard_group: ShardGroup = 0,
+    reshard: Reshard = True,
+    recompute: Recompute = "none",
+    recompute_layers: RecomputeLayers = 0,
+    recompute_modules: RecomputeModules = None,
+    micro_batch: MicroBatch = 1,
+    global_batch: GlobalBatch = None,
+    seq_len: SeqLen = 4096,
+    video: Video = None,
+    precision: Precision = "bf16",
+    fp8_recipe: Fp8Recipe = "tensorwise",
+    fp8_all_gather: Fp8AllGather = False,
+    attention_kernel: AttentionKernel = "auto",
+    tp_comm_overlap: TpCommOverlap = False,
+    ep: Ep = 1,
+    etp: Etp = 1,
+    moe_skew: MoeSkew = 0.0,
+    moe_imbalance: MoeImbalance = 1.0,
+    capacity_factor: CapacityFactor = 0.0,
+    mtp: Mtp = False,
+    ep_comm_overlap: EpCommOverlap = False,
+    ep_dispatch: EpDispatch = "flat",
+    fsdp_prefetch: FsdpPrefetch = 1,
     cuda_graphs: CudaGraphs = "",
     fused_activation: FusedActivation = False,
     fused_cross_entropy: FusedCrossEntropy = False,
-    offload_optimizer: Annotated[bool, typer.Option(help="optimizer states in host memory, Adam on the CPU")] = False,
-    offload_activations: Annotated[float, typer.Option(help="fraction of saved activations offloaded")] = 0.0,
-    optimizer_moments: Annotated[str, typer.Option(help="Adam m, v dtype: fp32 | bf16 | fp8 (Megatron)")] = "fp32",
-    main_grads: Annotated[str, typer.Option(help="gradient buffer dtype: fp32 | bf16 (Megatron)")] = "fp32",
-    overlap_grad_reduce: Annotated[bool, typer.Option(help="DP gradient reduction under the backward")] = True,
+    offload_optimizer: OffloadOptimizer = False,
+    offload_activations: OffloadActivations = 0.0,
+    optimizer_moments: OptimizerMoments = "fp32",
+    main_grads: MainGrads = "fp32",
+    overlap_grad_reduce: OverlapGradReduce = True,
     simulate: Annotated[bool, typer.Option(help="use the discrete-event simulator for the numbers")] = False,
     schedule: Annotated[
         str | None, typer.Option(help="pipeline schedule: gpipe | 1f1b | interleaved | zb-h1 | dualpipe")
@@ -122,68 +179,26 @@ def estimate(
     trace: Annotated[Path | None, typer.Option(help="write the simulated step as Chrome-trace JSON")] = None,
     straggler_fraction: Annotated[float, typer.Option(help="fraction of GPUs that run slow")] = 0.0,
     straggler_slowdown: Annotated[float, typer.Option(help="how much slower those GPUs run")] = 1.0,
-    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Predict step time, throughput, MFU and per-GPU memory of one training plan."""
     from shardscope import estimate as run_estimate
 
     try:
-        dp_value = dp
-        if global_batch is None:
-            derived_dp = dp_value or max(gpus // (tp * pp * cp), 1)
-            global_batch = micro_batch * derived_dp * max(pp, 1)
         result = run_estimate(
             model,
             gpu=gpu,
             gpus=gpus,
             gpus_per_node=gpus_per_node,
+            cluster_file=cluster,
             video=video,
             simulate=simulate,
             schedule=schedule,
             trace=trace,
             straggler_fraction=straggler_fraction,
             straggler_slowdown=straggler_slowdown,
-            cluster_file=cluster,
-            tp=tp,
-            pp=pp,
-            vpp=vpp,
-            pp_layout=pp_layout,
-            cp=cp,
-            cp_kind=cp_kind,
-            dp=dp_value,
-            sequence_parallel=sequence_parallel,
-            zero=zero,
-            fsdp=fsdp,
-            shard_group=shard_group,
-            reshard_after_forward=reshard,
-            recompute=recompute,
-            recompute_layers=recompute_layers,
-            recompute_modules=recompute_modules,
-            micro_batch=micro_batch,
-            global_batch=global_batch,
-            seq_len=seq_len,
-            precision=precision,
-            fp8_recipe=fp8_recipe,
-            fp8_all_gather=fp8_all_gather,
-            attention_kernel=attention_kernel,
-            tp_comm_overlap=tp_comm_overlap,
-            ep=ep,
-            etp=etp,
-            moe_skew=moe_skew,
-            moe_imbalance=moe_imbalance,
-            capacity_factor=capacity_factor,
-            mtp=mtp,
-            ep_comm_overlap=ep_comm_overlap,
-            ep_dispatch=ep_dispatch,
-            fsdp_prefetch=fsdp_prefetch,
-            cuda_graphs=cuda_graphs,
-            fused_activation=fused_activation,
-            fused_cross_entropy=fused_cross_entropy,
-            offload_optimizer=offload_optimizer,
-            offload_activations=offload_activations,
-            optimizer_moments=optimizer_moments,
-            main_grads=main_grads,
-            overlap_grad_reduce=overlap_grad_reduce,
+            dp=dp,
+            **_plan_options(locals(), dp),
         )
     except ShardscopeError as exc:
         _fail(str(exc))
@@ -199,8 +214,8 @@ def estimate(
 @app.command()
 def plan(
     model: Annotated[str, typer.Argument(help="catalog name or path to a config.json")],
-    gpu: Annotated[str, typer.Option(help="GPU kind")] = "H100",
-    gpus: Annotated[int, typer.Option(help="total GPUs")] = 8,
+    gpu: Gpu = "H100",
+    gpus: Gpus = 8,
     gpus_per_node: Annotated[int | None, typer.Option(help="GPUs per node")] = None,
     seq_len: Annotated[int, typer.Option(help="sequence length in tokens")] = 4096,
     global_batch: Annotated[int, typer.Option(help="sequences per optimizer step")] = 256,
@@ -220,7 +235,7 @@ def plan(
     ep_comm_overlap: EpCommOverlapChoice = None,
     workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
     executor: Annotated[str, typer.Option(help="local | ray")] = "local",
-    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Search every valid plan, prune by memory, rank by throughput (or memory / cost)."""
     from shardscope.planner.runner import run_plan_command
@@ -259,70 +274,96 @@ def plan(
 def budget(
     model: Annotated[str, typer.Argument(help="catalog name or path to a config.json")],
     budget_gib: Annotated[float, typer.Option(help="per-GPU memory budget, GiB")],
-    knob: Annotated[str, typer.Option(help="sac (selective checkpointing) | fsdp-unshard")] = "sac",
-    gpu: Annotated[str, typer.Option(help="GPU kind")] = "H100",
-    gpus: Annotated[int, typer.Option(help="total GPUs")] = 8,
-    tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
-    pp: Annotated[int, typer.Option(help="pipeline-parallel degree")] = 1,
-    vpp: Annotated[int, typer.Option(help="virtual stages per pipeline rank")] = 1,
-    cp: Annotated[int, typer.Option(help="context-parallel degree")] = 1,
-    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3")] = 0,
-    fsdp: Annotated[bool, typer.Option(help="PyTorch FSDP")] = False,
+    knob: Annotated[
+        str,
+        typer.Option(
+            help="modules (Megatron --recompute-modules) | sac (per-layer selective checkpointing) | fsdp-unshard"
+        ),
+    ] = "sac",
+    gpu: Gpu = "H100",
+    gpus: Gpus = 8,
+    gpus_per_node: GpusPerNode = None,
+    cluster: ClusterFile = None,
+    tp: Tp = 1,
+    pp: Pp = 1,
+    vpp: Vpp = 1,
+    pp_layout: PpLayout = None,
+    cp: Cp = 1,
+    cp_kind: CpKind = "ring",
+    sequence_parallel: SequenceParallel = True,
+    zero: Zero = 0,
+    fsdp: Fsdp = False,
+    shard_group: ShardGroup = 0,
+    reshard: Reshard = True,
     recompute: Annotated[str, typer.Option(help="recompute policy of the plan (fsdp-unshard)")] = "none",
-    micro_batch: Annotated[int, typer.Option(help="sequences per micro-batch")] = 1,
-    global_batch: Annotated[int | None, typer.Option(help="sequences per step")] = None,
-    seq_len: Annotated[int, typer.Option(help="sequence length")] = 4096,
-    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    recompute_layers: RecomputeLayers = 0,
+    recompute_modules: RecomputeModules = None,
+    micro_batch: MicroBatch = 1,
+    global_batch: GlobalBatch = None,
+    seq_len: SeqLen = 4096,
+    video: Video = None,
+    precision: Precision = "bf16",
+    fp8_recipe: Fp8Recipe = "tensorwise",
+    fp8_all_gather: Fp8AllGather = False,
+    attention_kernel: AttentionKernel = "auto",
+    tp_comm_overlap: TpCommOverlap = False,
+    ep: Ep = 1,
+    etp: Etp = 1,
+    moe_skew: MoeSkew = 0.0,
+    moe_imbalance: MoeImbalance = 1.0,
+    capacity_factor: CapacityFactor = 0.0,
+    mtp: Mtp = False,
+    ep_comm_overlap: EpCommOverlap = False,
+    ep_dispatch: EpDispatch = "flat",
+    fsdp_prefetch: FsdpPrefetch = 1,
+    cuda_graphs: CudaGraphs = "",
+    fused_activation: FusedActivation = False,
+    fused_cross_entropy: FusedCrossEntropy = False,
+    offload_optimizer: OffloadOptimizer = False,
+    offload_activations: OffloadActivations = 0.0,
+    optimizer_moments: OptimizerMoments = "fp32",
+    main_grads: MainGrads = "fp32",
+    overlap_grad_reduce: OverlapGradReduce = True,
+    as_json: AsJson = False,
 ) -> None:
-    """Fit a memory budget with finer knobs: per-module selective checkpointing or FSDP unsharding,
-    greedy and exact."""
+    """Fit a memory budget with finer knobs: Megatron recompute modules, per-layer selective
+    checkpointing (greedy and exact) or FSDP unsharding (greedy and exact)."""
     import dataclasses
 
-    from shardscope.hardware.catalog import make_cluster
-    from shardscope.models.catalog import load_model
-    from shardscope.plan.plan import make_plan
+    from shardscope import setup
     from shardscope.planner.budget import plan_sac, plan_unshard
+    from shardscope.planner.modules import plan_modules
 
+    planners = {"modules": plan_modules, "sac": plan_sac, "fsdp-unshard": plan_unshard}
     try:
-        spec = load_model(model)
-        cluster = make_cluster(gpu, gpus)
-        dp = max(gpus // (tp * pp * cp), 1)
-        p = make_plan(
-            spec,
-            cluster,
-            tp=tp,
-            pp=pp,
-            vpp=vpp,
-            cp=cp,
-            zero=zero,
-            fsdp=fsdp,
-            recompute=recompute,
-            micro_batch=micro_batch,
-            global_batch=global_batch or micro_batch * dp * pp,
-            seq_len=seq_len,
-        )
+        if knob not in planners:
+            raise ShardscopeError(f"--knob must be one of {', '.join(planners)}, got {knob!r}")
         if budget_gib <= 0:
             raise ShardscopeError(f"--budget-gib must be positive, got {budget_gib}")
-        if knob not in ("sac", "fsdp-unshard"):
-            raise ShardscopeError(f"--knob must be sac or fsdp-unshard, got {knob!r}")
-        result = plan_sac(spec, cluster, p, budget_gib) if knob == "sac" else plan_unshard(spec, cluster, p, budget_gib)
+        spec, cl, p = setup(
+            model, gpu, gpus, gpus_per_node=gpus_per_node, cluster_file=cluster, video=video, **_plan_options(locals())
+        )
+        result = planners[knob](spec, cl, p, budget_gib)
     except ShardscopeError as exc:
         _fail(str(exc))
         return
     if as_json:
         sys.stdout.write(json.dumps(dataclasses.asdict(result), indent=2) + "\n")
         return
-    from shardscope.report.console import print_budget
+    from shardscope.report.console import print_budget, print_modules
 
-    print_budget(result)
+    if knob == "modules":
+        print_modules(result)
+    else:
+        print_budget(result)
 
 
 @app.command()
 def report(
     model: Annotated[str, typer.Argument(help="catalog name or path to a config.json")],
     output: Annotated[Path, typer.Option("-o", "--output", help="HTML file to write")] = Path("report.html"),
-    gpu: Annotated[str, typer.Option(help="GPU kind")] = "H100",
-    gpus: Annotated[int, typer.Option(help="total GPUs")] = 8,
+    gpu: Gpu = "H100",
+    gpus: Gpus = 8,
     seq_len: Annotated[int, typer.Option(help="sequence length in tokens")] = 4096,
     global_batch: Annotated[int, typer.Option(help="sequences per optimizer step")] = 256,
     objective: Annotated[str, typer.Option(help="throughput | memory | cost")] = "throughput",
@@ -384,7 +425,7 @@ def gpus() -> None:
 @app.command()
 def validate(
     file: Annotated[Path, typer.Argument(help="CSV with the schema of shared/validation/training_public.csv")],
-    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    as_json: AsJson = False,
     markdown: Annotated[bool, typer.Option("--markdown", help="print the summary as a Markdown table")] = False,
     rows: Annotated[bool, typer.Option("--rows/--no-rows", help="print every row")] = True,
 ) -> None:

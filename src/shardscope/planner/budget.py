@@ -6,6 +6,7 @@
   tensors for every in-flight micro-batch and costs its forward time again in every backward.
 * FSDP selective unsharding: which modules keep their gathered weights from forward to backward, so
   backward skips their all-gather, within the memory left under the budget.
+* Megatron recompute modules: see `planner.modules`.
 
 Each has a greedy planner (whole layers in reverse order — the last layers' activations live longest
 in 1F1B — split into modules when a whole layer is more than needed; unsharding by time saved per byte)
@@ -15,7 +16,7 @@ greedy is from optimal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardscope.analytic.step import estimate_step, step_costs
 from shardscope.costs.comm import collective_time_s
@@ -72,9 +73,7 @@ class BudgetResult:
 
 
 def _plan_without_recompute(plan: Plan) -> Plan:
-    from dataclasses import replace
-
-    return replace(plan, recompute="none", recompute_layers=0)
+    return replace(plan, recompute="none", recompute_layers=0, recompute_modules=())
 
 
 def sac_items(model: ModelSpec, cluster: Cluster, plan: Plan) -> list[Item]:

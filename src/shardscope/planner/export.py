@@ -375,6 +375,11 @@ def _megatron(model: ModelSpec, plan: Plan) -> tuple[list[str], list[str]]:
         args += ["--recompute-granularity", "selective"]
         if plan.recompute_modules:
             args += ["--recompute-modules", *plan.recompute_modules]
+        else:
+            notes.append(
+                "the plan priced op-level selective recompute (norms, activations, RoPE); by default Megatron-LM "
+                "recomputes core_attn only: choose the modules with: shardscope budget --knob modules"
+            )
     args.append("--bf16")
     if plan.precision == "fp8":
         args += ["--fp8-format", "hybrid", "--fp8-recipe", plan.fp8_recipe]

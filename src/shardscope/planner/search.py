@@ -1,11 +1,13 @@
 """Search every valid plan: prune by memory first, then rank by throughput, memory or cost.
 
 For each parallel structure (see `space.structures`) the recompute levels are tried from cheapest to
-most memory-saving and the first that fits is timed — more recompute only costs time, so the others
-are dominated. Memory is checked before time: a floor that no recompute level or offload choice can go
-below (the smaller model state plus the buffers of the first and last stage) drops a structure before
-any level is tried, and op graphs are shared between structures that differ only in pipeline/data
-parallelism, sharding or recompute.
+most memory-saving and the first that fits is timed: more recompute only costs time, so the others
+are dominated. Past op-level selective, Megatron's module sets and full recompute of some layers are
+not ordered by cost, so the first fit of each is timed (`evaluate_structure`). Memory is checked
+before time: a floor that no recompute level or offload choice can go below (the smaller model state
+plus the buffers of the first and last stage) drops a structure before any level is tried, and op
+graphs are shared between structures that differ only in pipeline/data parallelism, sharding or
+recompute.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan, ep_overlap_problem, make_plan
+from shardscope.planner.modules import layers_forward_s, module_frontier
 from shardscope.planner.space import RECOMPUTE_LEVELS, SearchSpace, structures
 from shardscope.result import Estimate
 
@@ -100,7 +103,10 @@ def _stage_time_s(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
 def evaluate_structure(
     model: ModelSpec, cluster: Cluster, kw: dict, offload_ok: bool = True, space: SearchSpace | None = None
 ) -> Candidate | None:
-    """The fastest plan of one parallel structure that fits in memory, or None."""
+    """The fastest plan of one parallel structure that fits in memory, or None: no recompute, then
+    op-level selective, then the cheaper of the least Megatron module set (`module_frontier`) and the
+    fewest fully recomputed layers that fit, by the forward time each re-runs."""
+    space = space or SearchSpace()
     try:
         base = make_plan(model, cluster, **kw)
     except ShardscopeError:
@@ -109,24 +115,61 @@ def evaluate_structure(
     if _memory_floor_gib(model, cluster, base, offload) > cluster.gpu.hbm_gib - HEADROOM_GIB:
         return None
     stage_layers = base.stage_layers(model.layers)
+
+    # Optimizer offload only adds time (a CPU Adam step at host bandwidth, weights back over the host
+    # link), so at a recompute level it is the fallback when the plan does not fit without it.
+    def fitting(levels: Iterable[dict]) -> Iterator[Plan]:
+        for level in levels:
+            for off in offload:
+                plan = replace(base, offload_optimizer=off, **level)
+                if _fits_memory(model, cluster, plan):
+                    yield plan
+
+    for plan in fitting({"recompute": p, "recompute_layers": 0} for p, _ in RECOMPUTE_LEVELS if p != "full"):
+        if found := _timed(model, cluster, plan, space):
+            return found
+    # Past them, the first fit of the Megatron module sets (least recompute first) and of full recompute
+    # (fewest layers first); the one re-running less forward time is timed first.
+    options: list[tuple[float, Plan]] = []
+    frontier = module_frontier(model, cluster, base) if space.recompute_modules else []
+    # Along the frontier each set frees more than the one before: if the last fits, bisect for the first.
+    lo, hi, least = 0, len(frontier), None
+    if frontier and not next(fitting([{"recompute": "selective", "recompute_modules": frontier[-1][0]}]), None):
+        lo = hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        plan = next(fitting([{"recompute": "selective", "recompute_modules": frontier[mid][0]}]), None)
+        if plan:
+            hi, least = mid, (frontier[mid][1], plan)
+        else:
+            lo = mid + 1
+    if least:
+        options.append(least)
+    forward = layers_forward_s(model, cluster, base)
     for policy, share in RECOMPUTE_LEVELS:
-        layers = max(1, round(share * stage_layers)) if policy == "full" else 0
-        if policy == "full" and share < 1 and layers >= stage_layers:
+        layers = max(1, round(share * stage_layers))
+        if policy != "full" or (share < 1 and layers >= stage_layers):
             continue
-        # Optimizer offload only adds time (a CPU Adam step at host bandwidth, weights back over the host
-        # link), so at a recompute level it is the fallback when the plan does not fit without it.
-        for off in offload:
-            plan = replace(base, recompute=policy, recompute_layers=layers if share < 1 else 0, offload_optimizer=off)
-            if not _fits_memory(model, cluster, plan):
-                continue
-            # memory does not depend on the MoE dispatcher or overlap: the fastest of them is the plan
-            variants = list(moe_variants(plan, space or SearchSpace()))
-            if not variants:  # the overlap was asked for and this plan cannot run it
-                continue
-            plan = min(variants, key=lambda p: _stage_time_s(model, cluster, p)) if len(variants) > 1 else variants[0]
-            est = estimate_step(model, cluster, plan)
-            if est.fits and est.memory.required_gib <= cluster.gpu.hbm_gib - HEADROOM_GIB:
-                return Candidate(plan, est)
+        level = {"recompute": "full", "recompute_layers": layers if share < 1 else 0}
+        if plan := next(fitting([level]), None):
+            options.append((forward * min(1.0, layers / stage_layers), plan))
+            break
+    for _, plan in sorted(options, key=lambda o: o[0]):
+        if found := _timed(model, cluster, plan, space):
+            return found
+    return None
+
+
+def _timed(model: ModelSpec, cluster: Cluster, plan: Plan, space: SearchSpace) -> Candidate | None:
+    """`plan` under the fastest MoE dispatcher and overlap (they do not change memory), estimated; None
+    when no variant can run or the whole estimate does not fit with the search's headroom."""
+    variants = list(moe_variants(plan, space))
+    if not variants:  # the overlap was asked for and this plan cannot run it
+        return None
+    plan = min(variants, key=lambda p: _stage_time_s(model, cluster, p)) if len(variants) > 1 else variants[0]
+    est = estimate_step(model, cluster, plan)
+    if est.fits and est.memory.required_gib <= cluster.gpu.hbm_gib - HEADROOM_GIB:
+        return Candidate(plan, est)
     return None
 
 

@@ -4,9 +4,9 @@ Axes: tp (divisors of the heads, within the scale-up domain), cp (sequence split
 1,024 tokens per rank), pp (powers of two up to the layer count), vpp (interleaving when pp > 1),
 dp (derived), ep (MoE: divisors of the experts carved out of dp·cp·tp), sharding (DDP, distributed
 optimizer, ZeRO-3, FSDP, FSDP without reshard, HSDP within a node) and micro-batch. Resolved per
-structure by the search: recompute (none, selective, full with 1/4..all layers), optimizer offload and,
-with expert parallelism, the token dispatcher and the EP all-to-all overlap (`ep_dispatches`,
-`ep_overlaps`): they change time, not memory.
+structure by the search: recompute (none, selective, Megatron module sets, full with 1/4..all layers),
+optimizer offload and, with expert parallelism, the token dispatcher and the EP all-to-all overlap
+(`ep_dispatches`, `ep_overlaps`): they change time, not memory.
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ class SearchSpace:
     # priced as DeepEP plus its routing-map all-gather, so it is searched only when asked for.
     ep_dispatches: tuple[str, ...] = AUTO_EP_DISPATCHES
     ep_overlaps: tuple[bool, ...] = (False, True)
+    # Megatron-Core's selective recompute by module (`planner.modules`) between op-level selective and
+    # full recompute
+    recompute_modules: bool = True
 
     def __post_init__(self) -> None:
         # "attn,moe_router" as `--cuda-graphs` gives it, or a tuple: checked here, so that a bad scope is

@@ -141,6 +141,7 @@ def print_plans(
         layout = f"TP{p.tp} PP{p.pp}" + (f"×{p.vpp}" if p.vpp > 1 else "") + f" CP{p.cp} DP{p.dp}"
         layout += f" EP{p.ep} {p.ep_dispatch}" + (" +overlap" if p.ep_comm_overlap else "") if p.ep > 1 else ""
         rec = p.recompute + (f" {p.recompute_layers}/stage" if p.recompute == "full" and p.recompute_layers else "")
+        rec = " ".join(p.recompute_modules) if p.recompute_modules else rec  # Megatron's selective modules
         shard = p.sharding_name.replace(" (no reshard)", "-noreshard") + (" +offload" if p.offload_optimizer else "")
         table.add_row(
             str(i),
@@ -193,3 +194,33 @@ def print_budget(result, console: Console | None = None) -> None:
     console.print(table)
     for label, c in (("greedy", result.greedy), ("exact", result.exact)):
         console.print(f"{label}: {c.freed_gib:.2f} GiB, {value} {c.cost_s * 1e3:.1f} ms per step")
+
+
+def print_modules(result, console: Console | None = None) -> None:
+    """The Megatron recompute-module sets on the memory/time frontier, and the fastest that fits."""
+    console = console or Console()
+    none = next((s for s in result.frontier if not s.modules), None)
+    table = Table(title=f"Megatron recompute modules (this model has: {', '.join(result.available) or 'none'})")
+    table.add_column("--recompute-modules")
+    table.add_column("required GiB", justify="right")
+    table.add_column("step s", justify="right")
+    table.add_column("vs none", justify="right")
+    table.add_column("fits", justify="center")
+    for s in result.frontier:
+        extra = f"{(s.step_time_s / none.step_time_s - 1) * 100:+.1f}%" if none else ""
+        table.add_row(
+            " ".join(s.modules) or "(none)",
+            f"{s.required_gib:.2f}",
+            f"{s.step_time_s:.3f}",
+            extra,
+            "✓" if s.required_gib <= result.budget_gib else "",
+            style="bold" if s == result.best else None,
+        )
+    console.print(table)
+    best = result.best
+    if best.modules:
+        flags = f"--recompute-granularity selective --recompute-modules {' '.join(best.modules)}"
+        console.print(f"fastest under {result.budget_gib:g} GiB: {best.required_gib:.1f} GiB, {best.step_time_s:.3f} s")
+        console.print(f"Megatron-LM: {flags}")
+    else:
+        console.print(f"fits {result.budget_gib:g} GiB without recompute ({best.required_gib:.1f} GiB)")

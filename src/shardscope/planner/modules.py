@@ -1,0 +1,155 @@
+"""Megatron-Core's selective recompute by module (`--recompute-modules`): layernorm, core_attn,
+mla_up_proj, mlp, moe_act, moe, shared_experts, each re-run in every layer that has it.
+
+`plan_modules` answers "which set fits my memory budget fastest" exactly: every subset of the modules
+the model's layers have (at most 2^7) is estimated whole. `module_frontier` gives the search the sets
+worth trying, least recompute first: a set is kept when it frees more activation memory than every set
+that re-runs less forward time, both summed over the stage's layers from the op graph.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from itertools import combinations
+
+from shardscope.analytic.step import estimate_step
+from shardscope.costs.compute import group_times_s
+from shardscope.errors import ShardscopeError
+from shardscope.graph.common import MEGATRON_MODULES, OpGroup
+from shardscope.hardware.catalog import Cluster
+from shardscope.models.spec import ModelSpec
+from shardscope.plan.plan import Plan
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleSet:
+    modules: tuple[str, ...]  # Megatron recompute modules (empty: no recompute)
+    required_gib: float
+    step_time_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ModulesResult:
+    kind: str  # "modules"
+    budget_gib: float
+    available: tuple[str, ...]  # the modules this model's layers have
+    best: ModuleSet  # the fastest set that fits the budget
+    frontier: list[ModuleSet]  # the sets no other set beats on both memory and time, fastest first
+
+
+def recompute_modules_of(model: ModelSpec, cluster: Cluster, plan: Plan) -> tuple[str, ...]:
+    """The Megatron recompute modules that drop some saved tensor of this plan's layers."""
+    from shardscope.graph.build import build_stage_graph
+
+    graph = build_stage_graph(model, plan, cluster.gpu.arch)
+    tags = frozenset().union(*(s.modules for group in graph.layers.values() for s in group.saved))
+    return tuple(m for m in MEGATRON_MODULES if m in tags)
+
+
+def module_sets(model: ModelSpec, cluster: Cluster, plan: Plan) -> list[ModuleSet]:
+    """Every subset of `recompute_modules_of`, each estimated as Megatron-Core's selective recompute."""
+    available = recompute_modules_of(model, cluster, plan)
+    out = []
+    for combo in [(), *_subsets(available)]:
+        p = replace(plan, recompute="selective" if combo else "none", recompute_layers=0, recompute_modules=combo)
+        est = estimate_step(model, cluster, p)
+        out.append(ModuleSet(combo, est.memory.required_gib, est.step_time_s))
+    return out
+
+
+def pareto_sets(sets: list[ModuleSet]) -> list[ModuleSet]:
+    """The sets that need less memory than every faster set, fastest first (ties: fewer modules)."""
+    frontier: list[ModuleSet] = []
+    for s in sorted(sets, key=lambda s: (s.step_time_s, s.required_gib, len(s.modules))):
+        if not frontier or s.required_gib < frontier[-1].required_gib:
+            frontier.append(s)
+    return frontier
+
+
+def plan_modules(model: ModelSpec, cluster: Cluster, plan: Plan, budget_gib: float) -> ModulesResult:
+    """The Megatron `--recompute-modules` set that fits `budget_gib` at the shortest step time."""
+    available = recompute_modules_of(model, cluster, plan)
+    frontier = pareto_sets(module_sets(model, cluster, plan))
+    fitting = [s for s in frontier if s.required_gib <= budget_gib]
+    if not fitting:
+        least = frontier[-1]
+        raise ShardscopeError(
+            f"no set of Megatron recompute modules ({', '.join(available) or 'none here'}) fits --budget-gib "
+            f"{budget_gib:g}: the least memory is {least.required_gib:.1f} GiB "
+            f"({', '.join(least.modules) or 'no recompute'}); try --recompute full, more GPUs or --knob sac"
+        )
+    return ModulesResult("modules", budget_gib, available, fitting[0], frontier)
+
+
+def _subsets(modules: tuple[str, ...]) -> list[tuple[str, ...]]:
+    return [c for k in range(1, len(modules) + 1) for c in combinations(modules, k)]
+
+
+def _group_set_costs(cluster: Cluster, group: OpGroup, plan: Plan) -> dict[tuple[str, ...], tuple[float, float]]:
+    """Per non-empty module set: forward time it re-runs and activation bytes it frees in one layer of
+    `group` (a tensor is freed when any of its modules is recomputed), memoised on the group."""
+
+    def costs() -> dict[tuple[str, ...], tuple[float, float]]:
+        fwd = group_times_s(cluster.gpu, group, plan)[0]
+        seconds: Counter[frozenset[str]] = Counter()  # by the set of modules that re-run an op
+        for op, t in zip(group.ops, fwd, strict=True):
+            seconds[op.modules] += t
+        freed: Counter[frozenset[str]] = Counter()
+        for saved in group.saved:
+            if "none" in saved.policies:
+                freed[saved.modules] += saved.bytes
+        available = tuple(m for m in MEGATRON_MODULES if any(m in tags for tags in freed))
+        return {
+            combo: (
+                sum(t for tags, t in seconds.items() if tags.intersection(combo)),
+                sum(b for tags, b in freed.items() if tags.intersection(combo)),
+            )
+            for combo in _subsets(available)
+        }
+
+    return group.memoised(("module set costs", cluster.gpu.name, plan.precision, plan.fp8_recipe), costs)
+
+
+def _checked_layers(model: ModelSpec, plan: Plan) -> list[int]:
+    """The layers of the first and last pipeline rank, where the search checks the fit."""
+    ranks = plan.rank_layers(model.layers)
+    return [i for r in sorted({0, plan.pp - 1}) for i in ranks[r]]
+
+
+def module_frontier(model: ModelSpec, cluster: Cluster, plan: Plan) -> list[tuple[tuple[str, ...], float]]:
+    """Module sets that free more activation memory on the first and last stage than every set
+    re-running less forward time there, least recompute first, each with that forward time (s per
+    micro-batch, summed over those stages' layers). Memoised on the op graph."""
+    from shardscope.graph.build import build_stage_graph
+
+    graph = build_stage_graph(model, plan, cluster.gpu.arch)
+    counts = Counter(graph.kinds[i] for i in _checked_layers(model, plan))
+
+    def frontier() -> list[tuple[tuple[str, ...], float]]:
+        totals: dict[tuple[str, ...], list[float]] = {}
+        for kind, n in counts.items():
+            for combo, (seconds, freed) in _group_set_costs(cluster, graph.layers[kind], plan).items():
+                acc = totals.setdefault(combo, [0.0, 0.0])
+                acc[0] += n * seconds
+                acc[1] += n * freed
+        out: list[tuple[tuple[str, ...], float]] = []
+        most = 0.0
+        for combo, (seconds, freed) in sorted(totals.items(), key=lambda kv: (kv[1][0], -kv[1][1], len(kv[0]))):
+            if freed > most:
+                out.append((combo, seconds))
+                most = freed
+        return out
+
+    key = ("module frontier", cluster.gpu.name, plan.precision, plan.fp8_recipe, tuple(sorted(counts.items(), key=str)))
+    return graph.layer.memoised(key, frontier)
+
+
+def layers_forward_s(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
+    """Forward time of every layer of the first and last stage (s per micro-batch): what full
+    recompute of all of them re-runs, on the scale of `module_frontier`'s times."""
+    from shardscope.graph.build import build_stage_graph
+
+    graph = build_stage_graph(model, plan, cluster.gpu.arch)
+    counts = Counter(graph.kinds[i] for i in _checked_layers(model, plan))
+    return sum(n * sum(group_times_s(cluster.gpu, graph.layers[k], plan)[0]) for k, n in counts.items())
