@@ -251,6 +251,12 @@ def test_budget_planners():
     assert un.exact.cost_s >= un.greedy.cost_s - 1e-12
     with pytest.raises(ShardscopeError):
         plan_unshard(m, c, plan, budget_gib=75)  # not an FSDP plan
+    # DeepSeek-V3's first stage is mostly MoE layers: its items are those of an MLA + MoE block
+    m, c, moe_plan = shardscope.setup("deepseek-v3", "H100", 1024, tp=2, pp=8, ep=64, global_batch=4096, zero=1)
+    items = {i.name: i for i in plan_sac(m, c, moe_plan, budget_gib=50).items}
+    assert {"mla latents", "qkv proj + rope", "experts up + activation", "shared expert up + activation"} <= set(items)
+    assert "mlp up + activation" not in items
+    assert items["experts up + activation"].bytes_per_layer > items["shared expert up + activation"].bytes_per_layer
 
 
 def test_budget_cli():

@@ -68,3 +68,13 @@ def test_report_renders_in_headless_chromium(report_file, tmp_path):
     assert times.count('class="bar"') >= 8
     timeline = dom[dom.index('id="timeline"') : dom.index("</svg>", dom.index('id="timeline"'))]
     assert timeline.count('class="action"') >= 2
+
+
+def test_report_of_an_fp8_moe_search_names_its_precision(tmp_path):
+    path = tmp_path / "moe.html"
+    args = ["report", "qwen3-30b-a3b", "--gpu", "B200", "--gpus", "16", "--global-batch", "256"]
+    r = CliRunner().invoke(app, [*args, "--precision", "fp8", "--fp8-recipe", "mxfp8", "-o", str(path)])
+    assert r.exit_code == 0, r.output
+    assert "FP8 (mxfp8), 256 x 4096 tokens a step" in path.read_text()
+    bad = CliRunner().invoke(app, ["report", "llama3.1-8b", "--video", "81x720x1280", "-o", str(tmp_path / "x.html")])
+    assert bad.exit_code == 2 and "needs a video diffusion model" in bad.stderr

@@ -364,8 +364,12 @@ def report(
     output: Annotated[Path, typer.Option("-o", "--output", help="HTML file to write")] = Path("report.html"),
     gpu: Gpu = "H100",
     gpus: Gpus = 8,
-    seq_len: Annotated[int, typer.Option(help="sequence length in tokens")] = 4096,
+    gpus_per_node: GpusPerNode = None,
+    seq_len: SeqLen = 4096,
     global_batch: Annotated[int, typer.Option(help="sequences per optimizer step")] = 256,
+    video: Video = None,
+    precision: Annotated[str, typer.Option(help="bf16 | fp8")] = "bf16",
+    fp8_recipe: Fp8Recipe = "tensorwise",
     objective: Annotated[str, typer.Option(help="throughput | memory | cost")] = "throughput",
     cuda_graphs: CudaGraphs = "",
     fused_activation: FusedActivation = False,
@@ -375,21 +379,26 @@ def report(
     workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
 ) -> None:
     """Search the plans and write a self-contained interactive HTML report."""
-    from shardscope.hardware.catalog import make_cluster
-    from shardscope.models.catalog import load_model
+    from shardscope.planner.runner import search_setup
     from shardscope.planner.search import search
-    from shardscope.planner.space import SearchSpace, moe_choices
     from shardscope.report.html import write_report
     from shardscope.sim import simulate_step
 
     try:
-        spec = load_model(model)
-        cluster = make_cluster(gpu, gpus)
-        space = SearchSpace(
+        spec, cluster, seq_len, space = search_setup(
+            model=model,
+            gpu=gpu,
+            gpus=gpus,
+            gpus_per_node=gpus_per_node,
+            seq_len=seq_len,
+            video=video,
+            precision=precision,
+            fp8_recipe=fp8_recipe,
             cuda_graphs=cuda_graphs,
             fused_activation=fused_activation,
             fused_cross_entropy=fused_cross_entropy,
-            **moe_choices(ep_dispatch, ep_comm_overlap),
+            ep_dispatch=ep_dispatch,
+            ep_comm_overlap=ep_comm_overlap,
         )
         result = search(spec, cluster, global_batch, seq_len, objective, space, workers=workers)
         if not result.candidates:

@@ -31,18 +31,36 @@ from shardscope.plan.plan import Plan
 # Saved tensors grouped by the module whose forward must re-run to rebuild them, with that module's ops.
 SAC_MODULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "attn norm": (("attn norm stats", "attn norm out (qkv input)"), ("attn norm",)),
+    "mla latents": (
+        (
+            "q latent norm stats",
+            "q latent (norm input)",
+            "q latent normed (q up input)",
+            "kv latent norm stats",
+            "kv latent (norm input)",
+            "kv latent normed (kv up input)",
+        ),
+        ("q down proj", "q latent norm", "kv down proj", "kv latent norm"),
+    ),
     "q/k norm": (("q/k norm input", "q/k norm stats"), ("q/k norm",)),
-    "qkv proj + rope": (("q, k, v",), ("qkv proj", "rope")),
+    "qkv proj + rope": (("q, k, v",), ("qkv proj", "q up proj", "kv up proj", "rope")),
     "attention core": (
         ("attention out", "attention logsumexp", "attention out (fp8 copy for out proj)"),
         ("attention",),
     ),
     "out proj + residual": (("attn residual (mlp norm input)",), ("out proj", "attn residual add")),
     "mlp norm": (("mlp norm stats", "mlp norm out (mlp input)"), ("mlp norm",)),
-    "mlp up + activation": (
-        ("gate, up", "silu(gate)", "swiglu out (down input)", "up", "gelu out (down input)"),
-        ("gate/up proj", "up proj", "swiglu", "gelu"),
-    ),
+    **{
+        f"{part}up + activation": (
+            tuple(
+                f"{pre}{t}"
+                for t in ("gate, up", "clamped gate, up", "silu(gate)", "swiglu out (down input)", "up")
+                + ("gelu out (down input)",)
+            ),
+            tuple(f"{pre}{o}" for o in ("gate/up proj", "gate, up clamp", "swiglu", "up proj", "gelu")),
+        )
+        for part, pre in (("mlp ", ""), ("experts ", "experts "), ("shared expert ", "shared expert "))
+    },
 }
 
 
@@ -77,10 +95,12 @@ def _plan_without_recompute(plan: Plan) -> Plan:
 
 
 def sac_items(model: ModelSpec, cluster: Cluster, plan: Plan) -> list[Item]:
-    """Per-module recompute items of the first stage's layer kind (the most loaded rank)."""
+    """Per-module recompute items of the first stage (the most loaded rank), on its most common layer
+    kind (DeepSeek-V3's MoE layers, not its three dense ones)."""
     sc = step_costs(model, cluster, plan)
     layers = plan.rank_layers(model.layers)[0]
-    kind = sc.graph.kinds[layers[0]] if layers else sc.graph.kinds[0]
+    kinds = [sc.graph.kinds[i] for i in layers] or [sc.graph.kinds[0]]
+    kind = max(dict.fromkeys(kinds), key=kinds.count)
     group = sc.graph.layers[kind]
     inflight = inflight_chunks(plan, 0) * (1 if plan.pp == 1 else len(layers) / plan.vpp) / max(len(layers), 1)
     saved = {s.name: s.bytes for s in group.saved}

@@ -8,8 +8,9 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from shardscope.errors import ShardscopeError
-from shardscope.hardware.catalog import make_cluster
+from shardscope.hardware.catalog import Cluster, make_cluster
 from shardscope.models.catalog import load_model
+from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import check_precision
 from shardscope.planner.cost import parse_tokens, training_cost
 from shardscope.planner.export import FORMATS
@@ -41,6 +42,43 @@ def candidate_json(c: Candidate, tokens: float | None = None, price: float | Non
     return out
 
 
+def search_setup(
+    *,
+    model: str,
+    gpu: str,
+    gpus: int,
+    gpus_per_node: int | None,
+    seq_len: int,
+    video: str | None,
+    precision: str,
+    fp8_recipe: str,
+    cuda_graphs: str,
+    fused_activation: bool,
+    fused_cross_entropy: bool,
+    ep_dispatch: str,
+    ep_comm_overlap: bool | None,
+) -> tuple[ModelSpec, Cluster, int, SearchSpace]:
+    """The model, cluster, sequence length (a video clip's tokens) and search space of `plan`/`report`."""
+    from shardscope import video_seq_len
+
+    spec = load_model(model)
+    cluster = make_cluster(gpu, gpus, gpus_per_node)
+    if video:
+        seq_len = video_seq_len(spec, video)
+    if precision not in ("bf16", "fp8"):
+        raise ShardscopeError(f"--precision must be bf16 or fp8, got {precision!r}")
+    check_precision(precision, fp8_recipe, cluster.gpu)
+    space = SearchSpace(
+        cuda_graphs=cuda_graphs,
+        fused_activation=fused_activation,
+        fused_cross_entropy=fused_cross_entropy,
+        precision=precision,
+        fp8_recipe=fp8_recipe,
+        **moe_choices(ep_dispatch, ep_comm_overlap),
+    )
+    return spec, cluster, seq_len, space
+
+
 def run_plan_command(
     *,
     model: str,
@@ -67,28 +105,26 @@ def run_plan_command(
     ep_comm_overlap: bool | None = None,
     fp8_recipe: str = "tensorwise",
 ) -> SearchResult:
-    from shardscope import video_seq_len
-
-    spec = load_model(model)
-    cluster = make_cluster(gpu, gpus, gpus_per_node)
-    if video:
-        seq_len = video_seq_len(spec, video)
-    if precision not in ("bf16", "fp8"):
-        raise ShardscopeError(f"--precision must be bf16 or fp8, got {precision!r}")
-    check_precision(precision, fp8_recipe, cluster.gpu)
+    spec, cluster, seq_len, space = search_setup(
+        model=model,
+        gpu=gpu,
+        gpus=gpus,
+        gpus_per_node=gpus_per_node,
+        seq_len=seq_len,
+        video=video,
+        precision=precision,
+        fp8_recipe=fp8_recipe,
+        cuda_graphs=cuda_graphs,
+        fused_activation=fused_activation,
+        fused_cross_entropy=fused_cross_entropy,
+        ep_dispatch=ep_dispatch,
+        ep_comm_overlap=ep_comm_overlap,
+    )
     if export is not None and export not in FORMATS:
         raise ShardscopeError(f"--export must be one of {', '.join(FORMATS)}, got {export!r}")
     if top <= 0 or workers <= 0 or global_batch <= 0 or seq_len <= 0:
         raise ShardscopeError("--top, --workers, --global-batch and --seq-len must be positive")
     n_tokens = parse_tokens(tokens) if tokens else None
-    space = SearchSpace(
-        cuda_graphs=cuda_graphs,
-        fused_activation=fused_activation,
-        fused_cross_entropy=fused_cross_entropy,
-        precision=precision,
-        fp8_recipe=fp8_recipe,
-        **moe_choices(ep_dispatch, ep_comm_overlap),
-    )
     if as_json:
         result = search(spec, cluster, global_batch, seq_len, objective, space, workers, executor)
     else:

@@ -26,7 +26,12 @@ def _label(c: Candidate) -> str:
     if p.ep > 1:
         parts.append(f"EP{p.ep}")
     rec = p.recompute + (f"({p.recompute_layers})" if p.recompute_layers else "")
+    rec = f"selective({','.join(p.recompute_modules)})" if p.recompute_modules else rec
     return " ".join(parts) + f" {p.sharding_name} {rec} mb{p.micro_batch}" + (" offload" if p.offload_optimizer else "")
+
+
+def _precision(p) -> str:
+    return f"FP8 ({p.fp8_recipe})" if p.precision == "fp8" else p.precision.upper()
 
 
 def report_data(model: ModelSpec, cluster: Cluster, result: SearchResult, sim: SimResult | None, top: int = 10) -> dict:
@@ -83,7 +88,8 @@ def report_data(model: ModelSpec, cluster: Cluster, result: SearchResult, sim: S
                     }
                 )
     return {
-        "title": f"{model.name} on {cluster.gpus}x {cluster.gpu.name}",
+        "title": f"{model.name} on {cluster.gpus}x {cluster.gpu.name}, {_precision(best.plan)}, "
+        f"{best.plan.global_batch} x {best.plan.seq_len} tokens a step",
         "capacity_gib": cluster.gpu.hbm_gib,
         "best": _label(best),
         "best_estimate": {
