@@ -379,27 +379,13 @@ def report(
     workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
 ) -> None:
     """Search the plans and write a self-contained interactive HTML report."""
-    from shardscope.planner.runner import search_setup
+    from shardscope.planner.runner import SEARCH_OPTIONS, search_setup
     from shardscope.planner.search import search
     from shardscope.report.html import write_report
     from shardscope.sim import simulate_step
 
     try:
-        spec, cluster, seq_len, space = search_setup(
-            model=model,
-            gpu=gpu,
-            gpus=gpus,
-            gpus_per_node=gpus_per_node,
-            seq_len=seq_len,
-            video=video,
-            precision=precision,
-            fp8_recipe=fp8_recipe,
-            cuda_graphs=cuda_graphs,
-            fused_activation=fused_activation,
-            fused_cross_entropy=fused_cross_entropy,
-            ep_dispatch=ep_dispatch,
-            ep_comm_overlap=ep_comm_overlap,
-        )
+        spec, cluster, seq_len, space = search_setup(**{k: v for k, v in locals().items() if k in SEARCH_OPTIONS})
         result = search(spec, cluster, global_batch, seq_len, objective, space, workers=workers)
         if not result.candidates:
             raise ShardscopeError(f"no plan of {spec.name} fits {gpus}x {cluster.gpu.name} at this batch")

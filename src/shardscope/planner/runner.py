@@ -42,6 +42,13 @@ def candidate_json(c: Candidate, tokens: float | None = None, price: float | Non
     return out
 
 
+# The options of `plan` and `report` that `search_setup` takes
+SEARCH_OPTIONS = (
+    "model", "gpu", "gpus", "gpus_per_node", "seq_len", "video", "precision", "fp8_recipe", "cuda_graphs",
+    "fused_activation", "fused_cross_entropy", "ep_dispatch", "ep_comm_overlap",
+)  # fmt: skip
+
+
 def search_setup(
     *,
     model: str,
@@ -105,21 +112,7 @@ def run_plan_command(
     ep_comm_overlap: bool | None = None,
     fp8_recipe: str = "tensorwise",
 ) -> SearchResult:
-    spec, cluster, seq_len, space = search_setup(
-        model=model,
-        gpu=gpu,
-        gpus=gpus,
-        gpus_per_node=gpus_per_node,
-        seq_len=seq_len,
-        video=video,
-        precision=precision,
-        fp8_recipe=fp8_recipe,
-        cuda_graphs=cuda_graphs,
-        fused_activation=fused_activation,
-        fused_cross_entropy=fused_cross_entropy,
-        ep_dispatch=ep_dispatch,
-        ep_comm_overlap=ep_comm_overlap,
-    )
+    spec, cluster, seq_len, space = search_setup(**{k: v for k, v in locals().items() if k in SEARCH_OPTIONS})
     if export is not None and export not in FORMATS:
         raise ShardscopeError(f"--export must be one of {', '.join(FORMATS)}, got {export!r}")
     if top <= 0 or workers <= 0 or global_batch <= 0 or seq_len <= 0:
