@@ -338,6 +338,33 @@ def test_search_tries_megatron_module_sets_before_full_recompute():
             assert not _fits_memory(m, c, less)
 
 
+def test_the_fit_check_agrees_with_the_whole_estimate_on_deepseek_v3():
+    """The search's memory check reads three ranks (first, last, and the middle one with the most layer
+    parameters); on DeepSeek-V3, whose first ranks hold the three dense layers, a plan it passes must fit
+    on every rank of the whole estimate."""
+    from dataclasses import replace
+
+    from shardscope.analytic.step import estimate_step
+    from shardscope.planner.search import HEADROOM_GIB, _fits_memory
+    from shardscope.planner.space import structures
+
+    m, c = load_model("deepseek-v3"), make_cluster("H100", 256)
+    passed = 0
+    for i, kw in enumerate(structures(m, c, 1024, 4096)):
+        if i % 97 or kw["pp"] < 4:
+            continue
+        try:
+            base = make_plan(m, c, **kw)
+        except ShardscopeError:
+            continue
+        for level in ({}, {"recompute": "selective", "recompute_modules": ("moe",)}, {"recompute": "full"}):
+            plan = replace(base, **level)
+            if _fits_memory(m, c, plan):
+                passed += 1
+                assert estimate_step(m, c, plan).memory.required_gib <= c.gpu.hbm_gib - HEADROOM_GIB
+    assert passed >= 10
+
+
 def test_budget_cli_takes_the_moe_plan_options():
     base = ["budget", "qwen3-30b-a3b", "--gpus", "16", "--zero", "1", "--global-batch", "1024"]
     args = [*base, "--ep", "16", "--knob", "modules"]

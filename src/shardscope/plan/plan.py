@@ -113,7 +113,7 @@ class Plan:
 
     def rank_layers(self, layers: int) -> tuple[tuple[int, ...], ...]:
         """Layer indices held by each pipeline rank (rank r owns chunks r, r + pp, r + 2·pp, ...)."""
-        return _rank_layers(self.pp, self.vpp, layers, self.pp_layout)
+        return layers_by_rank(self.pp, self.vpp, layers, self.pp_layout)
 
     @property
     def moment_bytes(self) -> int:
@@ -191,7 +191,8 @@ def chunk_sizes(chunks: int, layers: int, layout: tuple[int, ...] = ()) -> list[
 
 
 @lru_cache(maxsize=1024)
-def _rank_layers(pp: int, vpp: int, layers: int, layout: tuple[int, ...] = ()) -> tuple[tuple[int, ...], ...]:
+def layers_by_rank(pp: int, vpp: int, layers: int, layout: tuple[int, ...] = ()) -> tuple[tuple[int, ...], ...]:
+    """Layer indices held by each of `pp` ranks with `vpp` chunks each (`Plan.rank_layers`)."""
     sizes = chunk_sizes(pp * vpp, layers, layout)
     starts = [sum(sizes[:c]) for c in range(len(sizes))]
     chunks_of = [[r + v * pp for v in range(vpp)] for r in range(pp)]

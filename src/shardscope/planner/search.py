@@ -15,13 +15,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from shardscope.analytic.step import RankMemory, estimate_step, rank_memory, stage_cost, step_costs
 from shardscope.costs.memory import GIB, buffer_bytes, rank_state_bytes
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
-from shardscope.plan.plan import Plan, ep_overlap_problem, make_plan
+from shardscope.plan.plan import Plan, ep_overlap_problem, layers_by_rank, make_plan
 from shardscope.planner.modules import layers_forward_s, module_frontier
 from shardscope.planner.space import RECOMPUTE_LEVELS, SearchSpace, structures
 from shardscope.result import Estimate
@@ -69,11 +70,25 @@ def _footprint_gib(m: RankMemory) -> float:
     return (m.allocated + m.overhead) / GIB
 
 
+@lru_cache(maxsize=4096)
+def _checked_ranks(model: ModelSpec, pp: int, vpp: int, layout: tuple[int, ...]) -> tuple[int, ...]:
+    """The pipeline ranks whose memory can be the largest: the first (most micro-batches in flight, the
+    embedding), the last (the loss) and the middle rank holding the most layer parameters, the first of
+    them on a tie (a MoE model's expert weights can peak there, past DeepSeek-V3's dense layers)."""
+    if pp <= 2:
+        return tuple(range(pp))
+    kinds = model.layer_kinds()
+    ranks = layers_by_rank(pp, vpp, model.layers, layout)
+    middle = max(range(1, pp - 1), key=lambda r: (sum(model.layer_params_of(kinds[i]) for i in ranks[r]), -r))
+    return (0, pp - 1, middle)
+
+
 def _fits_memory(model: ModelSpec, cluster: Cluster, plan: Plan) -> bool:
+    """The ranks whose memory can be the largest (`_checked_ranks`) within HBM less the headroom."""
     from shardscope.graph.build import build_stage_graph
 
     graph = build_stage_graph(model, plan, cluster.gpu.arch)
-    for rank in {0, plan.pp - 1}:
+    for rank in _checked_ranks(model, plan.pp, plan.vpp, plan.pp_layout):
         if _footprint_gib(rank_memory(model, plan, graph, cluster.gpu.arch, rank)) > cluster.gpu.hbm_gib - HEADROOM_GIB:
             return False
     return True
@@ -128,35 +143,37 @@ def evaluate_structure(
     for plan in fitting({"recompute": p, "recompute_layers": 0} for p, _ in RECOMPUTE_LEVELS if p != "full"):
         if found := _timed(model, cluster, plan, space):
             return found
-    # Past them, the first fit of the Megatron module sets (least recompute first) and of full recompute
-    # (fewest layers first); the one re-running less forward time is timed first.
-    options: list[tuple[float, Plan]] = []
+    # Past them, Megatron's module sets (least recompute first) and full recompute (fewest layers first):
+    # of the next fitting plan of each, the one re-running less forward time is timed first.
     frontier = module_frontier(model, cluster, base) if space.recompute_modules else []
+    seconds = dict(frontier)
+    sets = [{"recompute": "selective", "recompute_modules": m} for m, _ in frontier]
     # Along the frontier each set frees more than the one before: if the last fits, bisect for the first.
-    lo, hi, least = 0, len(frontier), None
-    if frontier and not next(fitting([{"recompute": "selective", "recompute_modules": frontier[-1][0]}]), None):
-        lo = hi
-    while lo < hi:
-        mid = (lo + hi) // 2
-        plan = next(fitting([{"recompute": "selective", "recompute_modules": frontier[mid][0]}]), None)
-        if plan:
-            hi, least = mid, (frontier[mid][1], plan)
-        else:
-            lo = mid + 1
-    if least:
-        options.append(least)
-    forward = layers_forward_s(model, cluster, base)
+    lo = hi = len(sets)
+    if sets and next(fitting(sets[-1:]), None):
+        lo = 0
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if next(fitting([sets[mid]]), None) else (mid + 1, hi)
+    full_levels = []
     for policy, share in RECOMPUTE_LEVELS:
         layers = max(1, round(share * stage_layers))
-        if policy != "full" or (share < 1 and layers >= stage_layers):
-            continue
-        level = {"recompute": "full", "recompute_layers": layers if share < 1 else 0}
-        if plan := next(fitting([level]), None):
-            options.append((forward * min(1.0, layers / stage_layers), plan))
-            break
-    for _, plan in sorted(options, key=lambda o: o[0]):
-        if found := _timed(model, cluster, plan, space):
+        if policy == "full" and not (share < 1 and layers >= stage_layers):
+            full_levels.append({"recompute": "full", "recompute_layers": layers if share < 1 else 0})
+    forward = layers_forward_s(model, cluster, base)
+
+    def rerun_s(plan: Plan) -> float:
+        if plan.recompute_modules:
+            return seconds[plan.recompute_modules]
+        return forward * (plan.recompute_layers or stage_layers) / stage_layers
+
+    queues = [fitting(sets[lo:]), fitting(full_levels)]
+    heads = [next(q, None) for q in queues]
+    while any(heads):
+        i = min((i for i, h in enumerate(heads) if h), key=lambda i: rerun_s(heads[i]))
+        if found := _timed(model, cluster, heads[i], space):
             return found
+        heads[i] = next(queues[i], None)
     return None
 
 
