@@ -12,14 +12,19 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 from itertools import combinations
+from typing import TYPE_CHECKING
 
 from shardscope.analytic.step import estimate_step
 from shardscope.costs.compute import group_times_s
 from shardscope.errors import ShardscopeError
 from shardscope.graph.common import MEGATRON_MODULES, OpGroup
+from shardscope.graph.ops import Saved
 from shardscope.hardware.catalog import Cluster
-from shardscope.models.spec import ModelSpec
+from shardscope.models.spec import LayerKind, ModelSpec
 from shardscope.plan.plan import Plan
+
+if TYPE_CHECKING:
+    from shardscope.graph.build import StageGraph
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +48,13 @@ def recompute_modules_of(model: ModelSpec, cluster: Cluster, plan: Plan) -> tupl
     from shardscope.graph.build import build_stage_graph
 
     graph = build_stage_graph(model, plan, cluster.gpu.arch)
-    tags = frozenset().union(*(s.modules for group in graph.layers.values() for s in group.saved))
+    tags = frozenset().union(*(s.modules for group in graph.layers.values() for s in _droppable(group)))
     return tuple(m for m in MEGATRON_MODULES if m in tags)
+
+
+def _droppable(group: OpGroup) -> list[Saved]:
+    """The tensors a layer keeps without recompute: those a recompute module can drop."""
+    return [s for s in group.saved if "none" in s.policies]
 
 
 def module_sets(model: ModelSpec, cluster: Cluster, plan: Plan) -> list[ModuleSet]:
@@ -69,8 +79,9 @@ def pareto_sets(sets: list[ModuleSet]) -> list[ModuleSet]:
 
 def plan_modules(model: ModelSpec, cluster: Cluster, plan: Plan, budget_gib: float) -> ModulesResult:
     """The Megatron `--recompute-modules` set that fits `budget_gib` at the shortest step time."""
-    available = recompute_modules_of(model, cluster, plan)
-    frontier = pareto_sets(module_sets(model, cluster, plan))
+    sets = module_sets(model, cluster, plan)
+    available = max(sets, key=lambda s: len(s.modules)).modules  # the set of every module
+    frontier = pareto_sets(sets)
     fitting = [s for s in frontier if s.required_gib <= budget_gib]
     if not fitting:
         least = frontier[-1]
@@ -96,9 +107,8 @@ def _group_set_costs(cluster: Cluster, group: OpGroup, plan: Plan) -> dict[tuple
         for op, t in zip(group.ops, fwd, strict=True):
             seconds[op.modules] += t
         freed: Counter[frozenset[str]] = Counter()
-        for saved in group.saved:
-            if "none" in saved.policies:
-                freed[saved.modules] += saved.bytes
+        for saved in _droppable(group):
+            freed[saved.modules] += saved.bytes
         available = tuple(m for m in MEGATRON_MODULES if any(m in tags for tags in freed))
         return {
             combo: (
@@ -111,20 +121,20 @@ def _group_set_costs(cluster: Cluster, group: OpGroup, plan: Plan) -> dict[tuple
     return group.memoised(("module set costs", cluster.gpu.name, plan.precision, plan.fp8_recipe), costs)
 
 
-def _checked_layers(model: ModelSpec, plan: Plan) -> list[int]:
-    """The layers of the first and last pipeline rank, where the search checks the fit."""
+def _end_stage_kinds(model: ModelSpec, cluster: Cluster, plan: Plan) -> tuple[StageGraph, Counter[LayerKind]]:
+    """The op graph, and how many layers of each kind the first and last pipeline rank hold."""
+    from shardscope.graph.build import build_stage_graph
+
+    graph = build_stage_graph(model, plan, cluster.gpu.arch)
     ranks = plan.rank_layers(model.layers)
-    return [i for r in sorted({0, plan.pp - 1}) for i in ranks[r]]
+    return graph, Counter(graph.kinds[i] for r in sorted({0, plan.pp - 1}) for i in ranks[r])
 
 
 def module_frontier(model: ModelSpec, cluster: Cluster, plan: Plan) -> list[tuple[tuple[str, ...], float]]:
     """Module sets that free more activation memory on the first and last stage than every set
     re-running less forward time there, least recompute first, each with that forward time (s per
     micro-batch, summed over those stages' layers). Memoised on the op graph."""
-    from shardscope.graph.build import build_stage_graph
-
-    graph = build_stage_graph(model, plan, cluster.gpu.arch)
-    counts = Counter(graph.kinds[i] for i in _checked_layers(model, plan))
+    graph, counts = _end_stage_kinds(model, cluster, plan)
 
     def frontier() -> list[tuple[tuple[str, ...], float]]:
         totals: dict[tuple[str, ...], list[float]] = {}
@@ -148,8 +158,5 @@ def module_frontier(model: ModelSpec, cluster: Cluster, plan: Plan) -> list[tupl
 def layers_forward_s(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
     """Forward time of every layer of the first and last stage (s per micro-batch): what full
     recompute of all of them re-runs, on the scale of `module_frontier`'s times."""
-    from shardscope.graph.build import build_stage_graph
-
-    graph = build_stage_graph(model, plan, cluster.gpu.arch)
-    counts = Counter(graph.kinds[i] for i in _checked_layers(model, plan))
+    graph, counts = _end_stage_kinds(model, cluster, plan)
     return sum(n * sum(group_times_s(cluster.gpu, graph.layers[k], plan)[0]) for k, n in counts.items())
