@@ -380,3 +380,43 @@ def test_dsv3_gb200_guide_eager_rows_as_measured():
     TFLOP/s; the model puts all of them near the final state's time. Fails until the eager overhead is found."""
     errors = _published_moe_errors("MG-")
     assert all(abs(errors[i]) < 25 for i in ("MG-002", "MG-003", "MG-004", "MG-005"))
+
+
+def test_moonlight_recompute_study_peak_memory():
+    """Megatron-Bridge's matched study of recompute modules (QR-001..QR-006 of `validation/published_moe_runs.csv`,
+    skills/nemo-mbridge-perf-activation-recompute): Moonlight-16B-A3B on 8 H100, TP2 EP8, one micro-batch,
+    only `recompute_modules` changing. Each module set's rank-0 peak allocated memory is predicted within 3%,
+    and the savings rank as measured: `core_attn` frees nothing under fused attention (< 0.05 GiB), while
+    `mla_up_proj` (q, k, v) and `moe_act` (the experts' activation output) each free 0.5 to 1 GiB."""
+    from shardscope.analytic.step import estimate_step
+
+    rows = {r["id"]: r for r in read_rows(PUBLISHED_MOE_RUNS)}
+    peaks = {}
+    for rid in ("QR-001", "QR-002", "QR-003", "QR-005"):
+        case = published_case(rid)
+        peak = estimate_step(case.model, case.cluster, case.plan).memory.peak_gib
+        assert peak == pytest.approx(float(rows[rid]["value"]), rel=0.03), rid
+        peaks[case.plan.recompute_modules] = peak
+    control = published_case("QR-001").plan
+    assert (control.recompute, control.tp, control.ep, control.grad_accum) == ("none", 2, 8, 1)
+    assert not control.tp_comm_overlap and control.ep_dispatch == "flat"
+    assert peaks[()] - peaks[("core_attn",)] < 0.05
+    for modules in (("mla_up_proj",), ("moe_act",)):
+        assert 0.5 < peaks[()] - peaks[modules] < 1.0, modules
+
+
+@pytest.mark.xfail(
+    strict=True, reason="known miss: the study measured no saving from layernorm recompute on top of moe_act"
+)
+def test_moonlight_layernorm_recompute_saves_what_the_study_measured():
+    """QR-006 against QR-005: adding `layernorm` to `moe_act` left Moonlight's peak where it was (35.949 GB against
+    35.941). The model drops the two norm outputs of every layer (0.4 GiB over 27 layers); which consumer keeps
+    them alive in Megatron-Core's MLA layer is not found yet."""
+    from shardscope.analytic.step import estimate_step
+
+    act, both = (published_case(i) for i in ("QR-005", "QR-006"))
+    saved = (
+        estimate_step(act.model, act.cluster, act.plan).memory.peak_gib
+        - estimate_step(both.model, both.cluster, both.plan).memory.peak_gib
+    )
+    assert saved < 0.05

@@ -53,7 +53,7 @@ from shardscope.hardware.catalog import Cluster, load_gpu, make_cluster
 from shardscope.models.spec import GPT_BLOCK, ModelSpec
 from shardscope.plan.plan import Plan, Recompute, cuda_graph_scopes, make_plan
 
-MEGATRON_BRIDGE_SOURCES = {"MBRIDGE_PERF", "MBRIDGE_MOE_AB", "MBRIDGE_CARD", "MBRIDGE_CG_AB"}
+MEGATRON_BRIDGE_SOURCES = {"MBRIDGE_PERF", "MBRIDGE_MOE_AB", "MBRIDGE_CARD", "MBRIDGE_CG_AB", "MBRIDGE_RECOMPUTE_AB"}
 MEGATRON_SOURCES = MEGATRON_BRIDGE_SOURCES | {"NEMO_2407_PERF", "MCORE_MOE_REPORT", "MCORE_DSV3_GB200_GUIDE"}
 # Megatron-Core runs of today (distributed optimizer, fused activations); Narayanan 2021 predates both.
 # The Wan table's NeMo AutoModel rows are not: diffusers' WanTransformer3DModel under PyTorch FSDP2.
