@@ -183,38 +183,55 @@ def _layer_cost(
     cluster: Cluster, plan: Plan, groups: Groups, model: ModelSpec, kind: LayerKind, unit: OpGroup, gather_bytes: float
 ) -> LayerCost:
     """Memoised on the unit (see `_phase_cost`) and the plan fields outside the op graph that it reads:
-    recompute, and the sharded-data-parallel groups FSDP gathers over."""
-    key = (
-        "layer",
-        cluster,
-        plan.recompute,
-        plan.recompute_modules,
-        plan.fsdp,
-        plan.zero,
-        plan.reshard_after_forward,
-        plan.fsdp_prefetch,
-        plan.shard_size,
-        plan.expert_dp,
-        gather_bytes,
+    recompute, and the sharded-data-parallel groups FSDP gathers over. Its forward and backward costs do
+    not depend on recompute and are kept apart, so plans that differ only in what they recompute (the
+    planner's Megatron module sets) share them."""
+    sharding = (plan.fsdp, plan.zero, plan.reshard_after_forward, plan.fsdp_prefetch, plan.shard_size, plan.expert_dp)
+    key = ("layer", cluster, plan.recompute, plan.recompute_modules, *sharding, gather_bytes)
+    return unit.memoised(
+        key,
+        lambda: _layer_cost_of(
+            cluster,
+            plan,
+            groups,
+            model,
+            kind,
+            unit,
+            gather_bytes,
+            unit.memoised(("phases", cluster, *sharding), lambda: _phase_costs(cluster, plan, groups, unit)),
+        ),
     )
-    return unit.memoised(key, lambda: _layer_cost_of(cluster, plan, groups, model, kind, unit, gather_bytes))
 
 
-def _layer_cost_of(
-    cluster: Cluster, plan: Plan, groups: Groups, model: ModelSpec, kind: LayerKind, unit: OpGroup, gather_bytes: float
-) -> LayerCost:
+def _phase_costs(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup) -> tuple[PhaseCost, PhaseCost]:
+    """A layer's forward and backward cost: compute, its communication, the wait for the host."""
     fwd, bwd = _compute_cost(cluster, plan, unit, False), _compute_cost(cluster, plan, unit, True)
     blocks = _block_times(fwd, bwd)
     for phase, cost in (("fwd", fwd), ("bwd", bwd)):
         _add_comms(cluster, groups, unit, phase, cost, blocks)
         _add_host_stall(cluster, plan, unit, phase == "bwd", cost)
+    return fwd, bwd
+
+
+def _layer_cost_of(
+    cluster: Cluster,
+    plan: Plan,
+    groups: Groups,
+    model: ModelSpec,
+    kind: LayerKind,
+    unit: OpGroup,
+    gather_bytes: float,
+    phases: tuple[PhaseCost, PhaseCost],
+) -> LayerCost:
+    fwd, bwd = phases
     rec_stall = 0.0
     if plan.recompute == "full":
         rec, rec_comm, rec_stall = fwd.compute_s, fwd.exposed_s, fwd.host_stall_s
     elif plan.recompute == "selective":
         rerun = unit.recomputed_ops(plan.recompute_modules)
+        rerun_ids = {id(op) for op in rerun}
         fwd_times = group_times_s(cluster.gpu, unit, plan)[0]
-        rerun_times = tuple(t for op, t in zip(unit.ops, fwd_times, strict=True) if op in rerun)
+        rerun_times = tuple(t for op, t in zip(unit.ops, fwd_times, strict=True) if id(op) in rerun_ids)
         # the re-run forward ops are issued by the host too (a recomputed MoE block re-runs its expert loop)
         rec_stall = host_stall_s(tuple(rerun), rerun_times, False, plan)
         rec, rec_comm = sum(rerun_times) + rec_stall, 0.0
