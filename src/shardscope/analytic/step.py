@@ -528,10 +528,26 @@ class RankMemory:
         return CONTEXT_BYTES + FRAGMENTATION * (self.activations + self.buffers)
 
 
-def rank_memory(model: ModelSpec, plan: Plan, graph: StageGraph, arch: str, rank: int) -> RankMemory:
+def rank_memory(
+    model: ModelSpec,
+    plan: Plan,
+    graph: StageGraph,
+    arch: str,
+    rank: int,
+    fixed: tuple[StateBytes, float] | None = None,
+) -> RankMemory:
+    """Memory of pipeline rank `rank`. `fixed` is its model state and transient buffers when already known
+    (`fixed_rank_memory`: they do not depend on recompute)."""
+    state, buffers = fixed or fixed_rank_memory(model, plan, graph, arch, rank)
     act, workspace, inflight = activation_bytes(model, plan, graph, rank)
-    buf = buffer_bytes(model, plan, graph, rank, arch) + workspace
-    return RankMemory(rank, rank_state_bytes(model, plan, rank), act, buf, inflight, workspace)
+    return RankMemory(rank, state, act, buffers + workspace, inflight, workspace)
+
+
+def fixed_rank_memory(
+    model: ModelSpec, plan: Plan, graph: StageGraph, arch: str, rank: int
+) -> tuple[StateBytes, float]:
+    """The part of a rank's memory that recompute does not change: model state and transient buffers."""
+    return rank_state_bytes(model, plan, rank), buffer_bytes(model, plan, graph, rank, arch)
 
 
 def host_gib_per_node(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int, activations: float) -> float:

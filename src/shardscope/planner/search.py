@@ -17,7 +17,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from shardscope.analytic.step import RankMemory, estimate_step, rank_memory, stage_cost, step_costs
+from shardscope.analytic.step import (
+    RankMemory,
+    estimate_step,
+    fixed_rank_memory,
+    rank_memory,
+    stage_cost,
+    step_costs,
+)
 from shardscope.costs.memory import GIB, buffer_bytes, rank_state_bytes
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
@@ -83,13 +90,22 @@ def _checked_ranks(model: ModelSpec, pp: int, vpp: int, layout: tuple[int, ...])
     return (0, pp - 1, middle)
 
 
-def _fits_memory(model: ModelSpec, cluster: Cluster, plan: Plan) -> bool:
-    """The ranks whose memory can be the largest (`_checked_ranks`) within HBM less the headroom."""
+def _fits_memory(model: ModelSpec, cluster: Cluster, plan: Plan, fixed: dict | None = None) -> bool:
+    """The ranks whose memory can be the largest (`_checked_ranks`) within HBM less the headroom. `fixed`
+    keeps each rank's model state and buffers across the recompute levels of one structure (they differ
+    only in recompute and optimizer offload, and only offload changes those)."""
     from shardscope.graph.build import build_stage_graph
 
-    graph = build_stage_graph(model, plan, cluster.gpu.arch)
+    arch = cluster.gpu.arch
+    graph = build_stage_graph(model, plan, arch)
     for rank in _checked_ranks(model, plan.pp, plan.vpp, plan.pp_layout):
-        if _footprint_gib(rank_memory(model, plan, graph, cluster.gpu.arch, rank)) > cluster.gpu.hbm_gib - HEADROOM_GIB:
+        parts = None
+        if fixed is not None:
+            key = (rank, plan.offload_optimizer)
+            parts = fixed.get(key)
+            if parts is None:
+                parts = fixed[key] = fixed_rank_memory(model, plan, graph, arch, rank)
+        if _footprint_gib(rank_memory(model, plan, graph, arch, rank, parts)) > cluster.gpu.hbm_gib - HEADROOM_GIB:
             return False
     return True
 
@@ -133,11 +149,13 @@ def evaluate_structure(
 
     # Optimizer offload only adds time (a CPU Adam step at host bandwidth, weights back over the host
     # link), so at a recompute level it is the fallback when the plan does not fit without it.
+    fixed: dict = {}
+
     def fitting(levels: Iterable[dict]) -> Iterator[Plan]:
         for level in levels:
             for off in offload:
                 plan = replace(base, offload_optimizer=off, **level)
-                if _fits_memory(model, cluster, plan):
+                if _fits_memory(model, cluster, plan, fixed):
                     yield plan
 
     for plan in fitting({"recompute": p, "recompute_layers": 0} for p, _ in RECOMPUTE_LEVELS if p != "full"):
