@@ -188,19 +188,12 @@ def _layer_cost(
     planner's Megatron module sets) share them."""
     sharding = (plan.fsdp, plan.zero, plan.reshard_after_forward, plan.fsdp_prefetch, plan.shard_size, plan.expert_dp)
     key = ("layer", cluster, plan.recompute, plan.recompute_modules, *sharding, gather_bytes)
-    return unit.memoised(
-        key,
-        lambda: _layer_cost_of(
-            cluster,
-            plan,
-            groups,
-            model,
-            kind,
-            unit,
-            gather_bytes,
-            unit.memoised(("phases", cluster, *sharding), lambda: _phase_costs(cluster, plan, groups, unit)),
-        ),
-    )
+
+    def cost() -> LayerCost:
+        phases = unit.memoised(("phases", cluster, *sharding), lambda: _phase_costs(cluster, plan, groups, unit))
+        return _layer_cost_of(cluster, plan, groups, model, kind, unit, gather_bytes, phases)
+
+    return unit.memoised(key, cost)
 
 
 def _phase_costs(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup) -> tuple[PhaseCost, PhaseCost]:
