@@ -572,3 +572,33 @@ def test_search_picks_the_moe_dispatcher_and_overlap():
     assert chosen["ep"] == 1 or chosen["ep_dispatch"] == "hybridep"
     r = runner.invoke(app, ["plan", "qwen3-30b-a3b", "--gpus", "16", "--ep-dispatch", "nccl"])
     assert r.exit_code == 2 and "--ep-dispatch" in r.stderr
+
+
+def test_module_frontier_weighs_the_ranks_the_fit_check_reads():
+    """The module frontier and the full-recompute proxy weigh the ranks the fit check reads
+    (`memory_ranks`: first, last and the middle rank with the most layer parameters), so the set the
+    search's bisection settles on is judged where the plan is checked. On DeepSeek-V3 over PP 16 the
+    middle rank holds only MoE layers: the forward time they re-run counts its layers besides the end
+    ranks', and a set that recomputes every MoE block re-runs no more than all those layers do."""
+    from shardscope.costs.compute import group_times_s
+    from shardscope.graph.build import build_stage_graph
+    from shardscope.planner.modules import layers_forward_s, memory_ranks, module_frontier
+
+    m, c = load_model("deepseek-v3"), make_cluster("H100", 1024)
+    plan = make_plan(m, c, tp=2, pp=16, ep=64, global_batch=4096, seq_len=4096)
+    ranks = memory_ranks(m, plan.pp, plan.vpp, plan.pp_layout)
+    assert len(ranks) == 3 and ranks[:2] == (0, 15) and 0 < ranks[2] < 15
+    graph = build_stage_graph(m, plan, c.gpu.arch)
+    by_rank = plan.rank_layers(m.layers)
+
+    def forward_s(rank_ids: tuple[int, ...]) -> float:
+        return sum(
+            sum(group_times_s(c.gpu, graph.layers[graph.kinds[i]], plan)[0]) for r in rank_ids for i in by_rank[r]
+        )
+
+    forward = layers_forward_s(m, c, plan)
+    assert forward == pytest.approx(forward_s(ranks))
+    assert forward > 1.2 * forward_s((0, 15))
+    frontier = dict(module_frontier(m, c, plan))
+    assert ("moe",) in frontier or any("moe" in s for s in frontier)
+    assert max(frontier.values()) <= forward

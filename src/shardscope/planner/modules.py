@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from itertools import combinations
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,7 @@ from shardscope.graph.common import MEGATRON_MODULES, OpGroup
 from shardscope.graph.ops import Saved
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import LayerKind, ModelSpec
-from shardscope.plan.plan import Plan
+from shardscope.plan.plan import Plan, layers_by_rank
 
 if TYPE_CHECKING:
     from shardscope.graph.build import StageGraph
@@ -121,20 +122,35 @@ def _group_set_costs(cluster: Cluster, group: OpGroup, plan: Plan) -> dict[tuple
     return group.memoised(("module set costs", cluster.gpu.name, plan.precision, plan.fp8_recipe), costs)
 
 
-def _end_stage_kinds(model: ModelSpec, cluster: Cluster, plan: Plan) -> tuple[StageGraph, Counter[LayerKind]]:
-    """The op graph, and how many layers of each kind the first and last pipeline rank hold."""
+@lru_cache(maxsize=4096)
+def memory_ranks(model: ModelSpec, pp: int, vpp: int, layout: tuple[int, ...]) -> tuple[int, ...]:
+    """The pipeline ranks whose memory can be the largest: the first (most micro-batches in flight, the
+    embedding), the last (the loss) and the middle rank holding the most layer parameters, the first of
+    them on a tie (a MoE model's expert weights can peak there, past DeepSeek-V3's dense layers)."""
+    if pp <= 2:
+        return tuple(range(pp))
+    kinds = model.layer_kinds()
+    ranks = layers_by_rank(pp, vpp, model.layers, layout)
+    middle = max(range(1, pp - 1), key=lambda r: (sum(model.layer_params_of(kinds[i]) for i in ranks[r]), -r))
+    return (0, pp - 1, middle)
+
+
+def _checked_stage_kinds(model: ModelSpec, cluster: Cluster, plan: Plan) -> tuple[StageGraph, Counter[LayerKind]]:
+    """The op graph, and how many layers of each kind the ranks the search's fit check reads
+    (`memory_ranks`) hold."""
     from shardscope.graph.build import build_stage_graph
 
     graph = build_stage_graph(model, plan, cluster.gpu.arch)
     ranks = plan.rank_layers(model.layers)
-    return graph, Counter(graph.kinds[i] for r in sorted({0, plan.pp - 1}) for i in ranks[r])
+    checked = memory_ranks(model, plan.pp, plan.vpp, plan.pp_layout)
+    return graph, Counter(graph.kinds[i] for r in checked for i in ranks[r])
 
 
 def module_frontier(model: ModelSpec, cluster: Cluster, plan: Plan) -> list[tuple[tuple[str, ...], float]]:
-    """Module sets that free more activation memory on the first and last stage than every set
-    re-running less forward time there, least recompute first, each with that forward time (s per
-    micro-batch, summed over those stages' layers). Memoised on the op graph."""
-    graph, counts = _end_stage_kinds(model, cluster, plan)
+    """Module sets that free more activation memory on the ranks the search's fit check reads
+    (`memory_ranks`) than every set re-running less forward time there, least recompute first, each with
+    that forward time (s per micro-batch, summed over those ranks' layers). Memoised on the op graph."""
+    graph, counts = _checked_stage_kinds(model, cluster, plan)
 
     def frontier() -> list[tuple[tuple[str, ...], float]]:
         totals: dict[tuple[str, ...], list[float]] = {}
@@ -156,7 +172,7 @@ def module_frontier(model: ModelSpec, cluster: Cluster, plan: Plan) -> list[tupl
 
 
 def layers_forward_s(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
-    """Forward time of every layer of the first and last stage (s per micro-batch): what full
+    """Forward time of every layer of the ranks `memory_ranks` names (s per micro-batch): what full
     recompute of all of them re-runs, on the scale of `module_frontier`'s times."""
-    graph, counts = _end_stage_kinds(model, cluster, plan)
+    graph, counts = _checked_stage_kinds(model, cluster, plan)
     return sum(n * sum(group_times_s(cluster.gpu, graph.layers[k], plan)[0]) for k, n in counts.items())

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 from shardscope.analytic.step import (
     RankMemory,
@@ -29,8 +28,8 @@ from shardscope.costs.memory import GIB, buffer_bytes, rank_state_bytes
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
-from shardscope.plan.plan import Plan, ep_overlap_problem, layers_by_rank, make_plan
-from shardscope.planner.modules import layers_forward_s, module_frontier
+from shardscope.plan.plan import Plan, ep_overlap_problem, make_plan
+from shardscope.planner.modules import layers_forward_s, memory_ranks, module_frontier
 from shardscope.planner.space import RECOMPUTE_LEVELS, SearchSpace, structures
 from shardscope.result import Estimate
 
@@ -77,28 +76,15 @@ def _footprint_gib(m: RankMemory) -> float:
     return (m.allocated + m.overhead) / GIB
 
 
-@lru_cache(maxsize=4096)
-def _checked_ranks(model: ModelSpec, pp: int, vpp: int, layout: tuple[int, ...]) -> tuple[int, ...]:
-    """The pipeline ranks whose memory can be the largest: the first (most micro-batches in flight, the
-    embedding), the last (the loss) and the middle rank holding the most layer parameters, the first of
-    them on a tie (a MoE model's expert weights can peak there, past DeepSeek-V3's dense layers)."""
-    if pp <= 2:
-        return tuple(range(pp))
-    kinds = model.layer_kinds()
-    ranks = layers_by_rank(pp, vpp, model.layers, layout)
-    middle = max(range(1, pp - 1), key=lambda r: (sum(model.layer_params_of(kinds[i]) for i in ranks[r]), -r))
-    return (0, pp - 1, middle)
-
-
 def _fits_memory(model: ModelSpec, cluster: Cluster, plan: Plan, fixed: dict | None = None) -> bool:
-    """The ranks whose memory can be the largest (`_checked_ranks`) within HBM less the headroom. `fixed`
+    """The ranks whose memory can be the largest (`memory_ranks`) within HBM less the headroom. `fixed`
     keeps each rank's model state and buffers across the recompute levels of one structure (they differ
     only in recompute and optimizer offload, and only offload changes those)."""
     from shardscope.graph.build import build_stage_graph
 
     arch = cluster.gpu.arch
     graph = build_stage_graph(model, plan, arch)
-    for rank in _checked_ranks(model, plan.pp, plan.vpp, plan.pp_layout):
+    for rank in memory_ranks(model, plan.pp, plan.vpp, plan.pp_layout):
         parts = None
         if fixed is not None:
             key = (rank, plan.offload_optimizer)
