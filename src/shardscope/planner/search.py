@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from shardscope.analytic.step import (
     RankMemory,
@@ -24,7 +25,7 @@ from shardscope.analytic.step import (
     stage_cost,
     step_costs,
 )
-from shardscope.costs.memory import GIB, buffer_bytes, rank_state_bytes
+from shardscope.costs.memory import GIB, StateBytes
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
@@ -32,6 +33,9 @@ from shardscope.plan.plan import Plan, ep_overlap_problem, make_plan
 from shardscope.planner.modules import layers_forward_s, memory_ranks, module_frontier
 from shardscope.planner.space import RECOMPUTE_LEVELS, SearchSpace, structures
 from shardscope.result import Estimate
+
+if TYPE_CHECKING:
+    from shardscope.graph.build import StageGraph
 
 OBJECTIVES = ("throughput", "memory", "cost")
 
@@ -78,22 +82,29 @@ def _footprint_gib(m: RankMemory) -> float:
 
 def _fits_memory(model: ModelSpec, cluster: Cluster, plan: Plan, fixed: dict | None = None) -> bool:
     """The ranks whose memory can be the largest (`memory_ranks`) within HBM less the headroom. `fixed`
-    keeps each rank's model state and buffers across the recompute levels of one structure (they differ
-    only in recompute and optimizer offload, and only offload changes those)."""
+    keeps each rank's model state and buffers across the recompute levels of one structure
+    (`_fixed_parts`)."""
     from shardscope.graph.build import build_stage_graph
 
     arch = cluster.gpu.arch
     graph = build_stage_graph(model, plan, arch)
     for rank in memory_ranks(model, plan.pp, plan.vpp, plan.pp_layout):
-        parts = None
-        if fixed is not None:
-            key = (rank, plan.offload_optimizer)
-            parts = fixed.get(key)
-            if parts is None:
-                parts = fixed[key] = fixed_rank_memory(model, plan, graph, arch, rank)
+        parts = None if fixed is None else _fixed_parts(model, plan, graph, arch, rank, fixed)
         if _footprint_gib(rank_memory(model, plan, graph, arch, rank, parts)) > cluster.gpu.hbm_gib - HEADROOM_GIB:
             return False
     return True
+
+
+def _fixed_parts(
+    model: ModelSpec, plan: Plan, graph: StageGraph, arch: str, rank: int, fixed: dict
+) -> tuple[StateBytes, float]:
+    """A rank's model state and buffers (`fixed_rank_memory`), kept in `fixed` for the plans of one
+    structure: they differ only in recompute and optimizer offload, and only offload changes these."""
+    key = (rank, plan.offload_optimizer)
+    parts = fixed.get(key)
+    if parts is None:
+        parts = fixed[key] = fixed_rank_memory(model, plan, graph, arch, rank)
+    return parts
 
 
 def moe_variants(plan: Plan, space: SearchSpace) -> Iterator[Plan]:
@@ -129,14 +140,13 @@ def evaluate_structure(
     except ShardscopeError:
         return None
     offload = (False, True) if (offload_ok and (base.fsdp or base.zero >= 1)) else (False,)
-    if _memory_floor_gib(model, cluster, base, offload) > cluster.gpu.hbm_gib - HEADROOM_GIB:
+    fixed: dict = {}  # each rank's model state and buffers, by optimizer offload (`_fixed_parts`)
+    if _memory_floor_gib(model, cluster, base, offload, fixed) > cluster.gpu.hbm_gib - HEADROOM_GIB:
         return None
     stage_layers = base.stage_layers(model.layers)
 
     # Optimizer offload only adds time (a CPU Adam step at host bandwidth, weights back over the host
     # link), so at a recompute level it is the fallback when the plan does not fit without it.
-    fixed: dict = {}
-
     def fitting(levels: Iterable[dict]) -> Iterator[Plan]:
         for level in levels:
             for off in offload:
@@ -194,19 +204,20 @@ def _timed(model: ModelSpec, cluster: Cluster, plan: Plan, space: SearchSpace) -
     return None
 
 
-def _memory_floor_gib(model: ModelSpec, cluster: Cluster, base: Plan, offload: tuple[bool, ...]) -> float:
+def _memory_floor_gib(model: ModelSpec, cluster: Cluster, base: Plan, offload: tuple[bool, ...], fixed: dict) -> float:
     """A lower bound on the memory of the first and last stage under every recompute level and offload
     choice of `base`: the footprint with no activations and no backward working set (the model state,
     the buffers, which recompute does not change, and the CUDA context), under the smaller state.
-    Activations and the working set only add to it, so a structure above it has no plan that fits."""
+    Activations and the working set only add to it, so a structure above it has no plan that fits. The
+    parts it prices stay in `fixed` for the fit checks of the structure's plans."""
     from shardscope.graph.build import build_stage_graph
 
-    graph = build_stage_graph(model, base, cluster.gpu.arch)
+    arch = cluster.gpu.arch
+    graph = build_stage_graph(model, base, arch)
     floor = 0.0
     for rank in {0, base.pp - 1}:
-        buffers = buffer_bytes(model, base, graph, rank, cluster.gpu.arch)
-        states = (rank_state_bytes(model, replace(base, offload_optimizer=off), rank) for off in offload)
-        floor = max(floor, min(_footprint_gib(RankMemory(rank, st, 0.0, buffers, 0)) for st in states))
+        parts = (_fixed_parts(model, replace(base, offload_optimizer=off), graph, arch, rank, fixed) for off in offload)
+        floor = max(floor, min(_footprint_gib(RankMemory(rank, st, 0.0, buf, 0)) for st, buf in parts))
     return floor
 
 
