@@ -13,7 +13,7 @@ import dataclasses
 
 import pytest
 
-from shardscope.analytic.step import place_groups
+from shardscope.analytic.step import estimate_step, place_groups
 from shardscope.costs.comm import collective_time_s
 from shardscope.costs.compute import op_time_s
 from shardscope.graph.build import build_stage_graph
@@ -203,3 +203,23 @@ def test_hybridep_across_two_h100_nodes_in_training():
     for step, union_s in QWEN35_H100_UNION_S.items():
         measured_us = 1e6 * union_s / QWEN35_CALLS
         assert predicted_us("H100", "hybridep", step, 16, qwen35_moe) == pytest.approx(measured_us, rel=0.15)
+
+
+def test_hybridep_over_deepep_across_an_nvl72_domain():
+    """Megatron-LM's DeepSeek-V3 GB200 guide (history table, read at 1d9edcf8c7): on 256 GB200 at EP 32,
+    switching the flex dispatcher from DeepEP to HybridEP, all else equal, took 829.93 to 943.56 TFLOPS/GPU
+    (x1.137; x1.177 against DeepEP before its SM tuning, a step the guide lists at +28 TFLOPS). DeepEP's
+    NVLink kernels serve 8 peers; beyond them its dispatch and combine run at the guide's 400 and 190 GB/s
+    (`DEEPEP_MNNVL_GBPS`), HybridEP at 72% of NVLink 5. Model: within 1.10-1.20 (without the DeepEP
+    bandwidths the two dispatchers were priced alike, x1.00). Inside 8 GPUs the two are priced alike."""
+    from published_runs import published_case
+
+    case = published_case("MG-010")
+    step_s = {
+        d: estimate_step(case.model, case.cluster, dataclasses.replace(case.plan, ep_dispatch=d)).step_time_s
+        for d in ("deepep", "hybridep")
+    }
+    assert 1.10 < step_s["deepep"] / step_s["hybridep"] < 1.20
+    for step in ("dispatch", "combine"):
+        assert predicted_us("GB200", "deepep", step, 8) == pytest.approx(predicted_us("GB200", "hybridep", step, 8))
+        assert predicted_us("GB200", "deepep", step, 32) > 1.5 * predicted_us("GB200", "hybridep", step, 32)

@@ -374,10 +374,13 @@ def test_dsv3_gb200_guide_final_state_as_measured():
     assert abs(errors["MG-010"]) < 10 and abs(errors["MG-012"]) < 10
 
 
-@pytest.mark.xfail(strict=True, reason="eager MoE host overhead is under-modelled: +41..+65% on the guide's rows")
+@pytest.mark.xfail(strict=True, reason="eager MoE host overhead is under-modelled: +19..+65% on the guide's rows")
 def test_dsv3_gb200_guide_eager_rows_as_measured():
     """The same layout before HybridEP (NCCL all-to-all or DeepEP, eager or partly graphed) measured 540-663
-    TFLOP/s; the model puts all of them near the final state's time. Fails until the eager overhead is found."""
+    TFLOP/s. The model prices DeepEP's slower dispatch and combine across the NVL72 domain (MG-003..005 at
+    +39, +30 and +19%) but puts the eager all-to-all row (MG-002) near the final state's time (+65%), and
+    gives the dropped up-projection recompute and the CUDA graphs almost nothing (measured +8% and +9%).
+    Fails until the eager overhead is found."""
     errors = _published_moe_errors("MG-")
     assert all(abs(errors[i]) < 25 for i in ("MG-002", "MG-003", "MG-004", "MG-005"))
 

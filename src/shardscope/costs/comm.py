@@ -33,6 +33,12 @@ SCALEOUT_EFFICIENCY = 0.90
 # (DeepEP hybrid-ep docs/README_Hybrid-EP.md) within -18..+2% (at 80%: -26..-8%). On 8 H100s (NVLink 4)
 # the ring figure already lands within 5% for the flat dispatcher and 14% for HybridEP.
 A2A_SCALEUP_EFFICIENCY = {"blackwell": 0.72}
+# DeepEP's NVLink kernels serve up to 8 peers (its NVL8 node); a larger NVLink domain (GB200 NVL72) runs
+# through a community extension (DeepEP PR #218) that the Megatron-LM DeepSeek-V3 GB200 guide (section
+# 2.2.1, read at Megatron-LM 1d9edcf8c7) measured at EP 32: about 400 GB/s dispatch and 190 GB/s combine
+# of algorithm bandwidth with 24 SMs, against 900 GB/s of NVLink 5 per direction.
+DEEPEP_NVL_PEERS = 8
+DEEPEP_MNNVL_GBPS = {"dispatch": 400.0, "combine": 190.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +116,8 @@ def collective_time_s(
         if fanout is not None:  # `nbytes` holds k copies of each token
             remote, local = dispatch_copies(fanout, group)
             token_bytes = nbytes / fanout.top_k
+            if fanout.backend == "deepep" and group.per_domain > DEEPEP_NVL_PEERS:
+                nvlink = DEEPEP_MNNVL_GBPS["combine" if fanout.combine else "dispatch"] * 1e9
             return max(remote * token_bytes / out, local * token_bytes / nvlink) + alpha
         if not group.intra:  # only the off-domain share crosses the fabric, one NIC per GPU
             remote = (n - group.per_domain) / n * nbytes

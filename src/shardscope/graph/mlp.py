@@ -156,9 +156,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     moved = BF16 * tm * h + perm
     ops.append(Op("permute", "memory", bytes=moved, bwd_bytes=moved, scope="moe_preprocess", host_sync=dropless))
     dispatch = load * perm
-    fanout = (
-        TokenFanout(moe.experts, moe.top_k, moe.groups, moe.groups_per_token) if plan.ep_dispatch != "flat" else None
-    )
+    flex = plan.ep_dispatch != "flat"
 
     # Megatron's combined-1F1B schedule (overlap_moe_expert_parallel_comm) runs one micro-batch's forward
     # beside another's backward and pairs each all-to-all with one compute block of the other: forward
@@ -166,6 +164,13 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     # under forward attention (combine) and forward MLP (dispatch) (DeepSeek-V3 report, Fig. 4).
     def a2a(name: str, phase: Phase, pair: HiddenBy) -> Collective:
         hide: HiddenBy = pair if plan.ep_comm_overlap else ""
+        # a dispatch's backward runs the combine kernel, a combine's backward the dispatch kernel
+        combine = (name == "combine") == (phase == "fwd")
+        fanout = (
+            TokenFanout(moe.experts, moe.top_k, moe.groups, moe.groups_per_token, plan.ep_dispatch, combine)
+            if flex
+            else None
+        )
         return Collective(f"ep {name} all-to-all", "all_to_all", "ep", dispatch, phase, hide, fanout)
 
     def beside_dispatch(name: str, kind: CollectiveKind, nbytes: float, phase: Phase) -> Collective:

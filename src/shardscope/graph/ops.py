@@ -62,12 +62,16 @@ class Saved:
 class TokenFanout:
     """How a token's top-k experts are drawn, for a dispatcher that sends one copy per destination GPU
     and node rather than per expert (DeepEP / HybridEP): `top_k` of `experts`, limited to
-    `groups_per_token` of `groups` contiguous expert groups (DeepSeek-V3 group-limited routing)."""
+    `groups_per_token` of `groups` contiguous expert groups (DeepSeek-V3 group-limited routing).
+    `backend` names the dispatcher's kernels; `combine` is true for the combine kernel (the forward
+    combine and the dispatch's backward), false for the dispatch kernel."""
 
     experts: int
     top_k: int
     groups: int = 1
     groups_per_token: int = 1
+    backend: str = "hybridep"
+    combine: bool = False
 
 
 @dataclass(frozen=True, slots=True)
