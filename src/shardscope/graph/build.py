@@ -14,6 +14,7 @@ checkpointing as torchtitan uses it; "full" keeps only each layer's input.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from operator import attrgetter
 
 from shardscope.costs.routing import RoutingLoad, routing_load
 from shardscope.graph.attention import attention_group
@@ -169,10 +170,11 @@ GRAPH_FIELDS = (
     "fused_cross_entropy",
 )
 _GRAPH_CACHE: dict[tuple, StageGraph] = {}
+_graph_fields = attrgetter(*GRAPH_FIELDS)
 
 
 def build_stage_graph(model: ModelSpec, plan: Plan, arch: str = "hopper") -> StageGraph:
-    key = (model, arch, tuple(getattr(plan, f) for f in GRAPH_FIELDS))
+    key = (model, arch, _graph_fields(plan))
     graph = _GRAPH_CACHE.get(key)
     if graph is None:
         if len(_GRAPH_CACHE) > 4096:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from shardscope.graph.ops import Collective, Op, Saved
 from shardscope.memo import Memoised
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan
+from shardscope.records import evolve
 
 ALL = frozenset({"none", "selective", "full"})
 NOT_FULL = frozenset({"none", "selective"})
@@ -81,12 +82,12 @@ class Shapes:
 
 def tagged(items: list, *modules: str) -> list:
     """`items` (ops or saved tensors) marked as re-run / dropped by these Megatron recompute modules."""
-    return [replace(x, modules=x.modules | frozenset(modules)) for x in items]
+    return [evolve(x, modules=x.modules | frozenset(modules)) for x in items]
 
 
 def scoped(ops: Iterable[Op], scope: str) -> list[Op]:
     """`ops` marked as captured by the Megatron-Core CUDA-graph module `scope` (ops already in one keep it)."""
-    return [op if op.scope else replace(op, scope=scope) for op in ops]
+    return [op if op.scope else evolve(op, scope=scope) for op in ops]
 
 
 def norm(name: str, model: ModelSpec, tokens: float, width: int | None = None) -> tuple[Op, Saved]:

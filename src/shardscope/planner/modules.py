@@ -10,7 +10,7 @@ that re-runs less forward time, both summed over the stage's layers from the op 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from itertools import combinations
 from typing import TYPE_CHECKING
@@ -23,6 +23,7 @@ from shardscope.graph.ops import Saved
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import LayerKind, ModelSpec
 from shardscope.plan.plan import Plan, layers_by_rank
+from shardscope.records import evolve
 
 if TYPE_CHECKING:
     from shardscope.graph.build import StageGraph
@@ -63,7 +64,7 @@ def module_sets(model: ModelSpec, cluster: Cluster, plan: Plan) -> list[ModuleSe
     available = recompute_modules_of(model, cluster, plan)
     out = []
     for combo in [(), *_subsets(available)]:
-        p = replace(plan, recompute="selective" if combo else "none", recompute_layers=0, recompute_modules=combo)
+        p = evolve(plan, recompute="selective" if combo else "none", recompute_layers=0, recompute_modules=combo)
         est = estimate_step(model, cluster, p)
         out.append(ModuleSet(combo, est.memory.required_gib, est.step_time_s))
     return out

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shardscope.analytic.step import (
@@ -32,6 +32,7 @@ from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan, ep_overlap_problem, make_plan
 from shardscope.planner.modules import layers_forward_s, memory_ranks, module_frontier
 from shardscope.planner.space import RECOMPUTE_LEVELS, SearchSpace, structures
+from shardscope.records import evolve
 from shardscope.result import Estimate
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ def moe_variants(plan: Plan, space: SearchSpace) -> Iterator[Plan]:
         for overlap in space.ep_overlaps:
             if overlap and not overlap_ok:
                 continue
-            yield replace(plan, ep_dispatch=dispatch, ep_comm_overlap=overlap)
+            yield evolve(plan, ep_dispatch=dispatch, ep_comm_overlap=overlap)
 
 
 def _stage_time_s(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
@@ -150,7 +151,7 @@ def evaluate_structure(
     def fitting(levels: Iterable[dict]) -> Iterator[Plan]:
         for level in levels:
             for off in offload:
-                plan = replace(base, offload_optimizer=off, **level)
+                plan = evolve(base, offload_optimizer=off, **level)
                 if _fits_memory(model, cluster, plan, fixed):
                     yield plan
 
@@ -216,7 +217,7 @@ def _memory_floor_gib(model: ModelSpec, cluster: Cluster, base: Plan, offload: t
     graph = build_stage_graph(model, base, arch)
     floor = 0.0
     for rank in {0, base.pp - 1}:
-        parts = (_fixed_parts(model, replace(base, offload_optimizer=off), graph, arch, rank, fixed) for off in offload)
+        parts = (_fixed_parts(model, evolve(base, offload_optimizer=off), graph, arch, rank, fixed) for off in offload)
         floor = max(floor, min(_footprint_gib(RankMemory(rank, st, 0.0, buf, 0)) for st, buf in parts))
     return floor
 
