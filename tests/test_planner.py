@@ -602,3 +602,26 @@ def test_module_frontier_weighs_the_ranks_the_fit_check_reads():
     frontier = dict(module_frontier(m, c, plan))
     assert ("moe",) in frontier or any("moe" in s for s in frontier)
     assert max(frontier.values()) <= forward
+
+
+def test_evolve_copies_a_record_as_dataclasses_replace_does():
+    """The planner's fast copy (`records.evolve`) gives what `dataclasses.replace` gives: equal plans with
+    equal hashes, `__post_init__` run (a CUDA-graph scope string normalised), a fresh memo for a memoised
+    op group (never the original's cached answers), and an error for a name that is no field."""
+    import dataclasses
+
+    from shardscope.graph.build import build_stage_graph
+    from shardscope.records import evolve
+
+    model = load_model("qwen3-30b-a3b")
+    cluster = make_cluster("H100", 16)
+    plan = make_plan(model, cluster, ep=8, global_batch=64, seq_len=4096)
+    changes = dict(recompute="selective", recompute_modules=("moe_act",), offload_optimizer=True, cuda_graphs="attn")
+    fast, slow = evolve(plan, **changes), dataclasses.replace(plan, **changes)
+    assert fast == slow and hash(fast) == hash(slow) and fast.cuda_graphs == ("attn",)
+    group = next(iter(build_stage_graph(model, plan).layers.values()))
+    group.saved_bytes("none")
+    copy = evolve(group, attn_ops=group.attn_ops)
+    assert copy == group and group.memo and not copy.memo
+    with pytest.raises(AttributeError):
+        evolve(plan, tensor_parallel=2)
