@@ -625,3 +625,25 @@ def test_evolve_copies_a_record_as_dataclasses_replace_does():
     assert copy == group and group.memo and not copy.memo
     with pytest.raises(AttributeError):
         evolve(plan, tensor_parallel=2)
+
+
+def test_search_tries_hybridep_where_deepep_runs_past_its_nvlink_peers():
+    """Left to choose, a MoE plan tries the flat dispatcher and DeepEP; where the EP group puts more than
+    DeepEP's 8 NVLink peers in one NVLink domain (GB200 NVL72 at EP 32) HybridEP takes DeepEP's place
+    (the guide's DeepEP-to-HybridEP A/B, `test_hybridep_over_deepep_across_an_nvl72_domain`). Across
+    8-GPU H100 nodes, or at EP 8, DeepEP stays; a dispatcher the user names is kept as named."""
+    from shardscope.planner.search import moe_variants
+    from shardscope.planner.space import SearchSpace
+
+    model = load_model("qwen3-30b-a3b")
+
+    def dispatchers(gpu: str, ep: int, space: SearchSpace) -> set[str]:
+        cluster = make_cluster(gpu, 64)
+        plan = make_plan(model, cluster, ep=ep, global_batch=512, seq_len=4096)
+        return {p.ep_dispatch for p in moe_variants(plan, space, cluster)}
+
+    auto = SearchSpace()
+    assert dispatchers("GB200", 32, auto) == {"flat", "hybridep"}
+    assert dispatchers("GB200", 8, auto) == {"flat", "deepep"}
+    assert dispatchers("H100", 32, auto) == {"flat", "deepep"}
+    assert dispatchers("GB200", 32, SearchSpace(ep_dispatches=("deepep",))) == {"deepep"}

@@ -69,6 +69,12 @@ def place_group(cluster: Cluster, size: int, stride: int) -> GroupPlacement:
     return GroupPlacement(size, per_domain)
 
 
+def deepep_beyond_nvlink_peers(group: GroupPlacement) -> bool:
+    """Whether an EP group puts more GPUs in one NVLink domain than DeepEP's NVLink kernels serve
+    (`DEEPEP_NVL_PEERS`): its dispatch and combine then run at `DEEPEP_MNNVL_GBPS`."""
+    return group.per_domain > DEEPEP_NVL_PEERS
+
+
 def bus_bandwidth_gbps(cluster: Cluster, group: GroupPlacement) -> float:
     up = cluster.scaleup_gbps * SCALEUP_EFFICIENCY
     if group.intra:
@@ -118,7 +124,7 @@ def collective_time_s(
         if fanout is not None:  # `nbytes` holds k copies of each token
             remote, local = dispatch_copies(fanout, group)
             token_bytes = nbytes / fanout.top_k
-            if fanout.backend == "deepep" and group.per_domain > DEEPEP_NVL_PEERS:
+            if fanout.backend == "deepep" and deepep_beyond_nvlink_peers(group):
                 nvlink = DEEPEP_MNNVL_GBPS["combine" if fanout.combine else "dispatch"] * 1e9
             return max(remote * token_bytes / out, local * token_bytes / nvlink) + alpha
         if not group.intra:  # only the off-domain share crosses the fabric, one NIC per GPU

@@ -21,17 +21,19 @@ from shardscope.analytic.step import (
     RankMemory,
     estimate_step,
     fixed_rank_memory,
+    place_groups,
     rank_memory,
     stage_cost,
     step_costs,
 )
+from shardscope.costs.comm import deepep_beyond_nvlink_peers
 from shardscope.costs.memory import GIB, StateBytes
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan, ep_overlap_problem, make_plan
 from shardscope.planner.modules import layers_forward_s, memory_ranks, module_frontier
-from shardscope.planner.space import RECOMPUTE_LEVELS, SearchSpace, structures
+from shardscope.planner.space import AUTO_EP_DISPATCHES, RECOMPUTE_LEVELS, SearchSpace, structures
 from shardscope.records import evolve
 from shardscope.result import Estimate
 
@@ -108,14 +110,19 @@ def _fixed_parts(
     return parts
 
 
-def moe_variants(plan: Plan, space: SearchSpace) -> Iterator[Plan]:
+def moe_variants(plan: Plan, space: SearchSpace, cluster: Cluster) -> Iterator[Plan]:
     """`plan` under each token dispatcher and EP overlap setting the space allows (the overlap only where
-    Megatron-Core can run it: `ep_overlap_problem`)."""
+    Megatron-Core can run it: `ep_overlap_problem`). Left to choose, an EP group wider than DeepEP's
+    NVLink peers inside one NVLink domain (GB200 NVL72) tries HybridEP in DeepEP's place: DeepEP runs
+    well under it there (`costs.comm.DEEPEP_MNNVL_GBPS`), as NVIDIA's DeepSeek-V3 GB200 guide found."""
     if plan.ep == 1:
         yield plan
         return
     overlap_ok = ep_overlap_problem(plan) is None
-    for dispatch in space.ep_dispatches:
+    dispatchers = space.ep_dispatches
+    if dispatchers == AUTO_EP_DISPATCHES and deepep_beyond_nvlink_peers(place_groups(cluster, plan).ep):
+        dispatchers = tuple("hybridep" if d == "deepep" else d for d in dispatchers)
+    for dispatch in dispatchers:
         for overlap in space.ep_overlaps:
             if overlap and not overlap_ok:
                 continue
@@ -195,7 +202,7 @@ def evaluate_structure(
 def _timed(model: ModelSpec, cluster: Cluster, plan: Plan, space: SearchSpace) -> Candidate | None:
     """`plan` under the fastest MoE dispatcher and overlap (they do not change memory), estimated; None
     when no variant can run or the whole estimate does not fit with the search's headroom."""
-    variants = list(moe_variants(plan, space))
+    variants = list(moe_variants(plan, space, cluster))
     if not variants:  # the overlap was asked for and this plan cannot run it
         return None
     plan = min(variants, key=lambda p: _stage_time_s(model, cluster, p)) if len(variants) > 1 else variants[0]

@@ -55,7 +55,8 @@ class SearchSpace:
     precision: str = "bf16"  # every plan's GEMM precision: recompute, fit and dispatcher are chosen under it
     fp8_recipe: str = "tensorwise"
     # MoE plans with EP > 1 try each dispatcher and overlap setting and keep the fastest. HybridEP is
-    # priced as DeepEP plus its routing-map all-gather, so it is searched only when asked for.
+    # priced as DeepEP plus its routing-map all-gather, so it is searched only when asked for, or where
+    # DeepEP runs past its NVLink peers (an NVL72 domain: `search.moe_variants` puts it in DeepEP's place).
     ep_dispatches: tuple[str, ...] = AUTO_EP_DISPATCHES
     ep_overlaps: tuple[bool, ...] = (False, True)
     # Megatron-Core's selective recompute by module (`planner.modules`) between op-level selective and
