@@ -97,7 +97,10 @@ def to_torchtitan(model: ModelSpec, plan: Plan) -> str:
     converters, quantize, quantize_notes = _titan_quantize(model, plan)
     notes += quantize_notes
     if model.moe and plan.ep_dispatch == "hybridep":
-        notes.append("torchtitan has no HybridEP backend: DeepEP stands in")
+        notes.append(
+            "torchtitan has no HybridEP backend: DeepEP stands in, slower than the plan priced where its EP "
+            "group holds more than 8 GPUs of one NVLink domain (DeepEP past its NVLink peers)"
+        )
     if plan.recompute == "selective":
         notes.append(
             "torchtitan's selective AC is op-level (its policy keeps some matmul outputs), not the Megatron-style "
