@@ -569,7 +569,7 @@ def memory_breakdown(m: RankMemory, capacity_gib: float, host_gib: float = 0.0) 
     )
 
 
-def plan_warnings(plan: Plan, graph: StageGraph, model: ModelSpec) -> tuple[str, ...]:
+def plan_warnings(plan: Plan, graph: StageGraph) -> tuple[str, ...]:
     m = plan.grad_accum
     warnings = []
     if plan.vpp > 1 and m % plan.pp:
@@ -578,12 +578,6 @@ def plan_warnings(plan: Plan, graph: StageGraph, model: ModelSpec) -> tuple[str,
         warnings.append(f"only {m} micro-batches for {plan.pp} pipeline stages: the bubble dominates")
     if graph.routing.dropped_fraction > 0:
         warnings.append(f"capacity factor drops {graph.routing.dropped_fraction:.1%} of token-expert assignments")
-    if model.mla and "layernorm" in plan.recompute_modules:
-        # Megatron-Bridge skills/nemo-mbridge-perf-activation-recompute (QR-005/006 of published_moe_runs.csv)
-        warnings.append(
-            "layernorm recompute on an MLA model: the memory credited for the norm outputs is unconfirmed "
-            "(Megatron-Bridge's Moonlight-16B-A3B study, TP2, measured none freed by adding it to moe_act)"
-        )
     return tuple(warnings)
 
 
@@ -629,7 +623,7 @@ def make_estimate(
         fits=memory.required_gib <= gpu.hbm_gib and memory.host_gib <= gpu.host_memory_gib,
         memory=memory,
         time=time,
-        warnings=plan_warnings(plan, sc.graph, model) + extra_warnings,
+        warnings=plan_warnings(plan, sc.graph) + extra_warnings,
     )
 
 
