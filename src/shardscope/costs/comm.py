@@ -38,7 +38,7 @@ A2A_SCALEUP_EFFICIENCY = {"blackwell": 0.72}
 # 2.2.1, read at Megatron-LM 1d9edcf8c7) measured at EP 32: about 400 GB/s dispatch and 190 GB/s combine
 # of algorithm bandwidth with 24 SMs, against 900 GB/s of NVLink 5 per direction. The guide's Nsight view of
 # a DeepSeek-V3 layer at EP 32 (images/image5.png) shows dispatch ~1.0 ms and combine ~2.1 ms; these give
-# 1.03 and 2.08 ms (tests/test_dispatcher_measured.py).
+# 1.03 and 2.08 ms. The guide's DeepEP-to-HybridEP A/B is the test (test_dispatcher_measured.py).
 DEEPEP_NVL_PEERS = 8
 DEEPEP_MNNVL_GBPS = {"dispatch": 400.0, "combine": 190.0}
 
