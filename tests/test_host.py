@@ -123,6 +123,26 @@ def test_moe_layer_scopes_and_sync():
     assert not any(op.host_sync for op in padded.ops)
 
 
+@pytest.mark.parametrize(
+    ("model", "graphs", "warned"),
+    [
+        ("qwen3-30b-a3b", "", True),
+        ("qwen3-30b-a3b", "attn,moe_router,moe_preprocess", True),  # the experts still run eagerly
+        ("qwen3-30b-a3b", "moe", False),
+        ("qwen3-30b-a3b", "full_iteration", False),
+        ("llama3-8b", "", False),  # no MoE layer
+    ],
+)
+def test_estimates_of_eager_moe_layers_say_how_far_off_such_runs_were(model: str, graphs: str, warned: bool):
+    est = shardscope.estimate(
+        model, gpu="H100", gpus=8, ep=8 if "a3b" in model else 1, global_batch=8, cuda_graphs=graphs
+    )
+    caveats = [w for w in est.warnings if w.startswith("MoE layers run eagerly")]
+    assert bool(caveats) == warned
+    if warned:
+        assert "46 eager MoE runs" in caveats[0] and "32% above the measured" in caveats[0]
+
+
 def test_grouped_gemm_host_time_is_per_local_expert():
     """A Transformer Engine module call pays its set-up once and one GEMM call per further expert GEMM:
     one per local expert forward, two backward; FP8 adds each expert's quantization. The router's GEMM

@@ -11,10 +11,11 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from shardscope.analytic.caveats import eager_moe_warning
 from shardscope.costs.comm import GroupPlacement, collective_time_s, place_group
 from shardscope.costs.compute import group_times_s, memory_time_s
 from shardscope.costs.efficiency import EP_OVERLAP_FRACTION, overlap_slowdown
-from shardscope.costs.host import host_stall_s
+from shardscope.costs.host import host_stall_s, moe_graphed
 from shardscope.costs.memory import (
     CONTEXT_BYTES,
     FRAGMENTATION,
@@ -578,6 +579,8 @@ def plan_warnings(plan: Plan, graph: StageGraph) -> tuple[str, ...]:
         warnings.append(f"only {m} micro-batches for {plan.pp} pipeline stages: the bubble dominates")
     if graph.routing.dropped_fraction > 0:
         warnings.append(f"capacity factor drops {graph.routing.dropped_fraction:.1%} of token-expert assignments")
+    if not moe_graphed(plan) and any(kind.mlp == "moe" for kind in graph.layers):
+        warnings.append(eager_moe_warning())
     return tuple(warnings)
 
 

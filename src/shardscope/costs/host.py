@@ -82,11 +82,17 @@ def op_host_s(op: Op, backward: bool, plan: Plan) -> float:
     return issue + op.groups * (QUANT_KERNELS[recipe] + QUANT_ALLOCS[recipe]) * LAUNCH_S
 
 
+def moe_graphed(plan: Plan) -> bool:
+    """Whether a CUDA graph captures the whole MoE layer (`moe` or `full_iteration`); otherwise its
+    experts run eagerly, whatever else is graphed."""
+    return bool({"moe", "full_iteration"} & set(plan.cuda_graphs))
+
+
 def syncs(plan: Plan) -> bool:
-    """Whether the host waits at the ops marked `host_sync`: yes unless the MoE layer is captured whole
-    (`moe` or `full_iteration`), which Megatron-Core allows only with sync-free dispatch. Graphing the
-    router and the dispatcher's preprocess keeps the wait: the token counts are read after them."""
-    return not ({"moe", "full_iteration"} & set(plan.cuda_graphs))
+    """Whether the host waits at the ops marked `host_sync`: yes unless the MoE layer is captured whole,
+    which Megatron-Core allows only with sync-free dispatch. Graphing the router and the dispatcher's
+    preprocess keeps the wait: the token counts are read after them."""
+    return not moe_graphed(plan)
 
 
 def drains(plan: Plan) -> bool:

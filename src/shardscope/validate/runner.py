@@ -7,12 +7,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from shardscope.analytic.step import estimate_step
+from shardscope.costs.host import moe_graphed
 from shardscope.errors import ShardscopeError
+from shardscope.models.spec import ModelSpec
+from shardscope.plan.plan import Plan
 from shardscope.validate.metrics import predicted_metric
 from shardscope.validate.rows import SkipRow, case_from_row
 
 REQUIRED_COLUMNS = {"id", "source", "model", "gpu", "num_gpus", "metric", "value"}
-GROUPINGS = ("metric", "source", "gpu", "arch", "precision")
+GROUPINGS = ("metric", "source", "gpu", "arch", "precision", "moe_layers")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,7 @@ class RowResult:
     precision: str
     model: str
     num_gpus: int
+    moe_layers: str  # "eager" or "graphed" (a CUDA graph of the whole MoE layer); "" without MoE layers
     # The run was measured, so it fit: a row predicted not to fit (over the GPU's or the host's memory)
     # is a memory-model miss.
     fits: bool
@@ -115,6 +119,12 @@ def read_rows(path: Path) -> list[dict[str, str]]:
         raise ShardscopeError(f"malformed CSV {path}: {exc}") from None
 
 
+def _moe_layers(model: ModelSpec, plan: Plan) -> str:
+    if not model.moe_layers:
+        return ""
+    return "graphed" if moe_graphed(plan) else "eager"
+
+
 def predict_row(row: dict[str, str]) -> RowResult:
     """Predict one row; raises SkipRow with the reason when it cannot."""
     case = case_from_row(row)
@@ -136,6 +146,7 @@ def predict_row(row: dict[str, str]) -> RowResult:
         precision=(row.get("precision") or "bf16").strip().lower(),
         model=row["model"],
         num_gpus=int(row["num_gpus"]),
+        moe_layers=_moe_layers(case.model, case.plan),
         fits=est.fits,
         required_gib=est.memory.required_gib,
         capacity_gib=est.memory.capacity_gib,
