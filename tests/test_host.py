@@ -128,15 +128,14 @@ def test_moe_layer_scopes_and_sync():
     [
         ("qwen3-30b-a3b", "", True),
         ("qwen3-30b-a3b", "attn,moe_router,moe_preprocess", True),  # the experts still run eagerly
-        ("qwen3-30b-a3b", "moe", False),
+        ("qwen3-30b-a3b", "moe", False),  # with drop-and-pad routing, which the moe graph needs
         ("qwen3-30b-a3b", "full_iteration", False),
         ("llama3-8b", "", False),  # no MoE layer
     ],
 )
 def test_estimates_of_eager_moe_layers_say_how_far_off_such_runs_were(model: str, graphs: str, warned: bool):
-    est = shardscope.estimate(
-        model, gpu="H100", gpus=8, ep=8 if "a3b" in model else 1, global_batch=8, cuda_graphs=graphs
-    )
+    moe = dict(ep=8, capacity_factor=1.0 if graphs == "moe" else 0.0) if "a3b" in model else {}
+    est = shardscope.estimate(model, gpu="H100", gpus=8, global_batch=8, cuda_graphs=graphs, **moe)
     caveats = [w for w in est.warnings if w.startswith("MoE layers run eagerly")]
     assert bool(caveats) == warned
     if warned:
@@ -166,11 +165,12 @@ def test_grouped_gemm_host_time_is_per_local_expert():
 
 def test_graphing_attention_and_router_speeds_a_host_bound_moe_step():
     """Megatron-Bridge measured Qwen3-30B-A3B on 16 H100 (TP2 PP2 EP4, MBS 1; the recipe's 4,096-token
-    sequences, BF16, full recompute) 22% faster with attention, router and preprocess graphed (623 ms ->
-    484 ms a step; docs/training/cuda-graphs.md). The model gives a smaller gain, 7%: graphing saves more
-    host time than the per-call costs account for. Only the ratio is compared: the doc's TFLOP/s imply
-    about 92k tokens a step, not the GBS 8 it states, so its step times are not."""
-    plan = dict(gpu="H100", gpus=16, tp=2, pp=2, ep=4, zero=1, global_batch=8, seq_len=4096, recompute="full")
+    sequences, BF16) 22% faster with attention, router and preprocess graphed (623 ms -> 484 ms a step;
+    docs/training/cuda-graphs.md at 2f3ecca48). The same doc says Transformer Engine's scoped graphs
+    refuse full recompute, so the run recomputed nothing. The model gives a smaller gain, 7%: graphing
+    saves more host time than the per-call costs account for. Only the ratio is compared: the doc's
+    TFLOP/s imply about 92k tokens a step, not the GBS 8 it states, so its step times are not."""
+    plan = dict(gpu="H100", gpus=16, tp=2, pp=2, ep=4, zero=1, global_batch=8, seq_len=4096, recompute="none")
     eager = shardscope.estimate("qwen3-30b-a3b", fused_activation=True, **plan)
     graphed = shardscope.estimate(
         "qwen3-30b-a3b", fused_activation=True, cuda_graphs="attn,moe_router,moe_preprocess", **plan
@@ -206,6 +206,43 @@ def test_cuda_graph_errors():
     ):
         with pytest.raises(ShardscopeError, match=message):
             make_plan(model, cluster, cuda_graphs=bad, global_batch=8)
+
+
+@pytest.mark.parametrize(
+    ("model", "plan", "message"),
+    [
+        ("qwen3-30b-a3b", dict(cuda_graphs="moe,moe_router", capacity_factor=1.0), "list it alone"),
+        ("qwen3-30b-a3b", dict(cuda_graphs="moe"), "needs drop-and-pad routing"),
+        ("qwen3-30b-a3b", dict(cuda_graphs="attn,mlp"), "every layer of qwen3-30b-a3b is MoE"),
+        ("llama3-8b", dict(cuda_graphs="moe_router"), "has none"),
+        ("qwen3-30b-a3b", dict(cuda_graphs="attn", recompute="full"), "only under --cuda-graphs full_iteration"),
+        (
+            "qwen3-30b-a3b",
+            dict(cuda_graphs="moe_router", recompute="selective", recompute_modules="moe"),
+            "cannot run inside the moe_router",
+        ),
+    ],
+)
+def test_megatron_refuses_these_cuda_graphs(model: str, plan: dict, message: str):
+    """Megatron-Core's TransformerConfig refuses these per-layer graphs (core_v0.16 onwards): a plan
+    that asks for one is an error, and the same plan graphed whole (`full_iteration`) is not."""
+    spec, cluster = load_model(model), make_cluster("H100", 8)
+    with pytest.raises(ShardscopeError, match=message):
+        make_plan(spec, cluster, global_batch=8, **plan)
+    make_plan(spec, cluster, global_batch=8, **dict(plan, cuda_graphs="full_iteration"))
+
+
+def test_a_graph_of_the_moe_layer_captures_its_router_and_preprocess():
+    """Megatron-Core's `moe` scope is the whole MoE layer (CudaGraphModule.moe, drop-and-pad only): no
+    op of it is left to the host, and with the dispatcher's sync gone nothing waits either."""
+    plan, layer = _moe_layer(capacity_factor=1.0)
+    graphed = replace(plan, cuda_graphs=("moe",))
+    inside = [op for op in layer.ops if op.scope in ("moe_router", "moe_preprocess", "moe")]
+    assert {op.scope for op in inside} == {"moe_router", "moe_preprocess", "moe"}
+    assert all(op_host_s(op, False, plan) > 0 for op in inside)
+    assert all(op_host_s(op, b, graphed) == 0.0 for op in inside for b in (False, True))
+    attention = [op for op in layer.ops if op.scope == "attn"]
+    assert all(op_host_s(op, False, graphed) > 0 for op in attention)
 
 
 @pytest.mark.parametrize(

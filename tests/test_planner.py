@@ -511,6 +511,21 @@ def test_search_with_cuda_graphs():
     assert graphed.candidates[0].estimate.step_time_s < eager.candidates[0].estimate.step_time_s
     r = runner.invoke(app, ["plan", "qwen3-30b-a3b", "--gpus", "8", "--cuda-graphs", "layer"])
     assert r.exit_code == 2 and "unknown layer" in r.stderr
+    # the search routes dropless, which Megatron-Core's graph of the whole MoE layer cannot capture
+    r = runner.invoke(app, ["plan", "qwen3-30b-a3b", "--gpus", "8", "--cuda-graphs", "moe"])
+    assert r.exit_code == 2 and "drop-and-pad" in r.stderr
+
+
+def test_a_search_under_per_layer_graphs_skips_full_recompute():
+    """Transformer Engine's per-layer graphs refuse full recompute (Megatron-Core), so a search under
+    them falls back on what they allow: its plans recompute selectively or not at all."""
+    from shardscope.planner.space import SearchSpace
+
+    m, c = load_model("qwen3-30b-a3b"), make_cluster("H100", 8)
+    eager = search(m, c, 64, 8192)
+    assert any(x.plan.recompute == "full" for x in eager.candidates)
+    graphed = search(m, c, 64, 8192, space=SearchSpace(cuda_graphs=("attn", "moe_router", "moe_preprocess")))
+    assert graphed.candidates and all(x.plan.recompute != "full" for x in graphed.candidates)
 
 
 def test_fused_cross_entropy_keeps_less_and_exports():

@@ -62,13 +62,25 @@ QUANT_ALLOCS = {"tensorwise": 2, "delayed": 2, "blockwise": 4, "mxfp8": 4}
 EP_DISPATCH_CALL_S = 0.365e-3
 
 
+# Scopes inside the MoE layer: a CUDA graph of `moe` (the whole MoE layer) captures them too.
+WITHIN_MOE = ("moe_router", "moe_preprocess")
+
+
+def graphed(op: Op, plan: Plan) -> bool:
+    """Whether a CUDA graph of the plan captures `op` (Megatron-Core's CudaGraphModule scopes)."""
+    graphs = plan.cuda_graphs
+    if not graphs:
+        return False
+    return "full_iteration" in graphs or op.scope in graphs or ("moe" in graphs and op.scope in WITHIN_MOE)
+
+
 def op_host_s(op: Op, backward: bool, plan: Plan) -> float:
     """Host time to issue `op`'s forward or backward kernels (0 when a CUDA graph captures them).
     A GEMM issues one call per expert (`groups`) forward and two (dgrad, wgrad) backward: a Transformer
     Engine module pays its set-up once and `GEMM_CALL_S` per further GEMM; a PyTorch GEMM pays per call.
     An FP8 GEMM also quantizes one operand per expert per phase (forward its input, backward the output
     gradient). Flash attention is one Transformer Engine module call per phase."""
-    if "full_iteration" in plan.cuda_graphs or (op.scope and op.scope in plan.cuda_graphs):
+    if graphed(op, plan):
         return 0.0
     if op.kind == "attention":
         return TE_MODULE_S

@@ -241,6 +241,33 @@ def ep_overlap_problem(plan: Plan) -> str | None:
     return None
 
 
+def cuda_graph_problem(model: ModelSpec, plan: Plan) -> str | None:
+    """Why Megatron-Core cannot capture `plan.cuda_graphs` of `model` with its per-layer graphs, or None
+    (TransformerConfig.__post_init__, Megatron-LM d98e8a64dd). `moe` captures the whole MoE layer, router
+    and preprocess included, and only with drop-and-pad routing; `mlp` the dense MLP layers; full
+    recompute needs the full-iteration graph; the `moe` recompute module cannot run inside the router's
+    graph. The full-iteration graph captures the step as it is."""
+    graphs = plan.cuda_graphs
+    if not graphs or graphs == ("full_iteration",):
+        return None
+    if "moe" in graphs and "moe_router" in graphs:
+        return "--cuda-graphs moe captures the whole MoE layer, router and preprocess included: list it alone"
+    if not model.moe_layers and {"moe", "moe_router"} & set(graphs):
+        return f"--cuda-graphs moe and moe_router capture MoE layers; {model.name} has none"
+    if "mlp" in graphs and model.moe_layers == model.layers:
+        return f"--cuda-graphs mlp captures dense MLP layers; every layer of {model.name} is MoE"
+    if "moe" in graphs and plan.capacity_factor <= 0:
+        return (
+            "--cuda-graphs moe needs drop-and-pad routing (--capacity-factor > 0); dropless MoE layers can graph "
+            "moe_router,moe_preprocess, or the whole step with full_iteration"
+        )
+    if plan.recompute == "full":
+        return "--recompute full runs only under --cuda-graphs full_iteration, not under per-layer graphs"
+    if "moe" in plan.recompute_modules and "moe_router" in graphs:
+        return "--recompute-modules moe cannot run inside the moe_router CUDA graph"
+    return None
+
+
 def check_precision(precision: str, fp8_recipe: str, gpu: GPU) -> None:
     """`--precision` and `--fp8-recipe` name a known format that `gpu`'s tensor cores run."""
     if precision not in ("bf16", "fp16", "fp8"):
@@ -343,6 +370,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         if model.moe.expert_ffn % plan.etp:
             raise ShardscopeError(f"--etp {plan.etp} does not divide the expert FFN size {model.moe.expert_ffn}")
     if plan.ep_comm_overlap and (problem := ep_overlap_problem(plan)):
+        raise ShardscopeError(problem)
+    if problem := cuda_graph_problem(model, plan):
         raise ShardscopeError(problem)
     if model.moe is not None and plan.tp > 1 and not plan.sequence_parallel:
         raise ShardscopeError("MoE with --tp > 1 needs sequence parallel (as in Megatron-Core)")

@@ -31,7 +31,7 @@ from shardscope.costs.memory import GIB, StateBytes
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
-from shardscope.plan.plan import Plan, ep_overlap_problem, make_plan
+from shardscope.plan.plan import Plan, cuda_graph_problem, ep_overlap_problem, make_plan
 from shardscope.planner.modules import layers_forward_s, memory_ranks, module_frontier
 from shardscope.planner.space import AUTO_EP_DISPATCHES, RECOMPUTE_LEVELS, SearchSpace, structures
 from shardscope.records import evolve
@@ -159,7 +159,7 @@ def evaluate_structure(
         for level in levels:
             for off in offload:
                 plan = evolve(base, offload_optimizer=off, **level)
-                if _fits_memory(model, cluster, plan, fixed):
+                if cuda_graph_problem(model, plan) is None and _fits_memory(model, cluster, plan, fixed):
                     yield plan
 
     for plan in fitting({"recompute": p, "recompute_layers": 0} for p, _ in RECOMPUTE_LEVELS if p != "full"):
@@ -249,6 +249,9 @@ def search(
     if objective not in OBJECTIVES:
         raise ShardscopeError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     space = space or SearchSpace()
+    # the graph rules that hold for every plan of the search (its plans route dropless, recompute varies)
+    if problem := cuda_graph_problem(model, Plan(cuda_graphs=space.cuda_graphs)):
+        raise ShardscopeError(problem)
     todo = list(structures(model, cluster, global_batch, seq_len, space))
     if not todo:
         raise ShardscopeError(
