@@ -36,7 +36,7 @@ def eager_moe_warning() -> str:
     dispatcher's preprocessing, Python between modules, the per-expert calls) is only partly modelled."""
     return (
         "MoE layers run eagerly (no `moe` or `full_iteration` CUDA graph): over the "
-        f"{EAGER_MOE.rows} eager MoE runs of the validation data the predicted throughput is "
+        f"{EAGER_MOE.rows} published eager MoE runs of the README's validation the predicted throughput is "
         f"{_side(EAGER_MOE.bias_pct)} the measured on average (MAPE {EAGER_MOE.mape_pct:.0f}%), over the "
         f"{GRAPHED_MOE.rows} graphed ones {_side(GRAPHED_MOE.bias_pct)} (MAPE {GRAPHED_MOE.mape_pct:.0f}%): "
         "read this estimate as optimistic"
