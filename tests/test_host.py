@@ -138,6 +138,7 @@ def test_estimates_of_eager_moe_layers_say_how_far_off_such_runs_were(model: str
     est = shardscope.estimate(model, gpu="H100", gpus=8, global_batch=8, cuda_graphs=graphs, **moe)
     caveats = [w for w in est.warnings if w.startswith("MoE layers run eagerly")]
     assert bool(caveats) == warned
+    assert any("CUDA graphs pin is not counted" in w for w in est.warnings) == bool(graphs)
     if warned:
         assert "46 published eager MoE runs" in caveats[0] and "32% above the measured" in caveats[0]
 

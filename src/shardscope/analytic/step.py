@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from shardscope.analytic.caveats import eager_moe_warning
+from shardscope.analytic.caveats import GRAPH_MEMORY_WARNING, eager_moe_warning
 from shardscope.costs.comm import GroupPlacement, collective_time_s, place_group
 from shardscope.costs.compute import group_times_s, memory_time_s
 from shardscope.costs.efficiency import EP_OVERLAP_FRACTION, overlap_slowdown
@@ -581,6 +581,8 @@ def plan_warnings(plan: Plan, graph: StageGraph) -> tuple[str, ...]:
         warnings.append(f"capacity factor drops {graph.routing.dropped_fraction:.1%} of token-expert assignments")
     if not moe_graphed(plan) and any(kind.mlp == "moe" for kind in graph.layers):
         warnings.append(eager_moe_warning())
+    if plan.cuda_graphs:
+        warnings.append(GRAPH_MEMORY_WARNING)
     return tuple(warnings)
 
 
