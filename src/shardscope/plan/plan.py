@@ -252,9 +252,10 @@ def cuda_graph_problem(model: ModelSpec, plan: Plan) -> str | None:
         return None
     if "moe" in graphs and "moe_router" in graphs:
         return "--cuda-graphs moe captures the whole MoE layer, router and preprocess included: list it alone"
-    if not model.moe_layers and {"moe", "moe_router"} & set(graphs):
+    moe_layers = model.moe_layers  # counted over the layers: read once (the planner asks for every plan)
+    if not moe_layers and {"moe", "moe_router"} & set(graphs):
         return f"--cuda-graphs moe and moe_router capture MoE layers; {model.name} has none"
-    if "mlp" in graphs and model.moe_layers == model.layers:
+    if "mlp" in graphs and moe_layers == model.layers:
         return f"--cuda-graphs mlp captures dense MLP layers; every layer of {model.name} is MoE"
     if "moe" in graphs and plan.capacity_factor <= 0:
         return (
