@@ -10,7 +10,7 @@ import pytest
 from published_runs import PUBLISHED_DENSE_RUNS, PUBLISHED_MOE_RUNS, published_case  # tests/ is on the path (conftest)
 from typer.testing import CliRunner
 
-from shardscope.analytic.caveats import EAGER_MOE, GRAPHED_MOE
+from shardscope.analytic.caveats import EAGER_FLAT_MOE, EAGER_FLEX_MOE, GRAPHED_MOE
 from shardscope.cli import app
 from shardscope.graph.build import build_stage_graph
 from shardscope.validate.runner import read_rows, run_validation, spearman
@@ -49,14 +49,15 @@ def test_dense_accuracy_bounds(public_report):
 
 def test_the_eager_moe_caveat_quotes_the_validation(public_report):
     """The estimate's warning for eager MoE layers quotes the error the model makes on the public MoE
-    rows, split by whether a CUDA graph captured the whole MoE layer: recomputed here, so a model change
-    that moves the figures must move the warning too."""
+    rows, split by whether a CUDA graph captured the whole MoE layer and, if not, by dispatcher:
+    recomputed here, so a model change that moves the figures must move the warning too."""
     groups = public_report.summary["moe_layers"]
-    for quoted, group in ((EAGER_MOE, groups["eager"]), (GRAPHED_MOE, groups["graphed"])):
-        assert group.n == quoted.rows
-        assert group.mape_pct == pytest.approx(quoted.mape_pct, abs=0.05)
-        assert group.bias_pct == pytest.approx(quoted.bias_pct, abs=0.05)
-    assert groups[""].n + groups["eager"].n + groups["graphed"].n == len(public_report.rows)
+    quoted = {"eager flat": EAGER_FLAT_MOE, "eager deepep/hybridep": EAGER_FLEX_MOE, "graphed": GRAPHED_MOE}
+    for name, figure in quoted.items():
+        assert groups[name].n == figure.rows
+        assert groups[name].mape_pct == pytest.approx(figure.mape_pct, abs=0.05)
+        assert groups[name].bias_pct == pytest.approx(figure.bias_pct, abs=0.05)
+    assert groups[""].n + sum(groups[name].n for name in quoted) == len(public_report.rows)
 
 
 def test_json_output(public_csv):

@@ -580,7 +580,7 @@ def plan_warnings(plan: Plan, graph: StageGraph) -> tuple[str, ...]:
     if graph.routing.dropped_fraction > 0:
         warnings.append(f"capacity factor drops {graph.routing.dropped_fraction:.1%} of token-expert assignments")
     if not moe_graphed(plan) and any(kind.mlp == "moe" for kind in graph.layers):
-        warnings.append(eager_moe_warning())
+        warnings.append(eager_moe_warning(plan.ep_dispatch))
     if plan.cuda_graphs:
         warnings.append(GRAPH_MEMORY_WARNING)
     return tuple(warnings)

@@ -31,7 +31,7 @@ class RowResult:
     precision: str
     model: str
     num_gpus: int
-    moe_layers: str  # "eager" or "graphed" (a CUDA graph of the whole MoE layer); "" without MoE layers
+    moe_layers: str  # "graphed", "eager flat" or "eager deepep/hybridep" (`_moe_layers`); "" without MoE layers
     # The run was measured, so it fit: a row predicted not to fit (over the GPU's or the host's memory)
     # is a memory-model miss.
     fits: bool
@@ -120,9 +120,13 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 
 def _moe_layers(model: ModelSpec, plan: Plan) -> str:
+    """ "graphed" (a CUDA graph captures the whole MoE layer), else "eager flat" (Megatron's all-to-all
+    dispatcher) or "eager deepep/hybridep" (its flex dispatcher); "" without MoE layers."""
     if not model.moe_layers:
         return ""
-    return "graphed" if moe_graphed(plan) else "eager"
+    if moe_graphed(plan):
+        return "graphed"
+    return "eager flat" if plan.ep_dispatch == "flat" else "eager deepep/hybridep"
 
 
 def predict_row(row: dict[str, str]) -> RowResult:
