@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import statistics
 from dataclasses import replace
 
 import pytest
@@ -57,6 +58,9 @@ def test_the_eager_moe_caveat_quotes_the_validation(public_report):
         assert groups[name].n == figure.rows
         assert groups[name].mape_pct == pytest.approx(figure.mape_pct, abs=0.05)
         assert groups[name].bias_pct == pytest.approx(figure.bias_pct, abs=0.05)
+        ratios = [r.measured / r.predicted for r in public_report.rows if r.moe_layers == name]
+        low, median, high = figure.ratio
+        assert (min(ratios), statistics.median(ratios), max(ratios)) == pytest.approx((low, median, high), abs=0.005)
     assert groups[""].n + sum(groups[name].n for name in quoted) == len(public_report.rows)
 
 
