@@ -202,6 +202,18 @@ def test_plan_cli_json_and_export(tmp_path):
         assert key in first
     assert first["training"]["cost"] == pytest.approx(2 * first["training"]["gpu_hours"])
     assert tomllib.loads(out.read_text())["parallelism"]["tensor_parallel_degree"] == first["plan"]["tp"]
+    assert first["warnings"] == []  # a dense model's plans carry no MoE caveat
+
+
+def test_plan_shows_the_caveats_of_the_plans_it_ranks():
+    """The ranked plans of an MoE model run their experts eagerly (the search does not choose CUDA-graph
+    scopes), so the table says how far off such runs were, as `estimate` does; the JSON carries it per plan."""
+    args = ["plan", "qwen3-30b-a3b", "--gpus", "16", "--seq-len", "4096", "--global-batch", "512", "--top", "3"]
+    r = runner.invoke(app, args, terminal_width=400)
+    assert r.exit_code == 0, r.output
+    assert "warning (all plans): MoE layers run eagerly" in r.output
+    d = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    assert all(any(w.startswith("MoE layers run eagerly") for w in p["warnings"]) for p in d["plans"])
 
 
 @pytest.mark.parametrize(

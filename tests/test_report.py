@@ -75,6 +75,8 @@ def test_report_of_an_fp8_moe_search_names_its_precision(tmp_path):
     args = ["report", "qwen3-30b-a3b", "--gpu", "B200", "--gpus", "16", "--global-batch", "256"]
     r = CliRunner().invoke(app, [*args, "--precision", "fp8", "--fp8-recipe", "mxfp8", "-o", str(path)])
     assert r.exit_code == 0, r.output
-    assert "FP8 (mxfp8), 256 x 4096 tokens a step" in path.read_text()
+    page = path.read_text()
+    assert "FP8 (mxfp8), 256 x 4096 tokens a step" in page
+    assert '"warnings": ["MoE layers run eagerly' in page  # the best plan's caveats, listed under the summary
     bad = CliRunner().invoke(app, ["report", "llama3.1-8b", "--video", "81x720x1280", "-o", str(tmp_path / "x.html")])
     assert bad.exit_code == 2 and "needs a video diffusion model" in bad.stderr

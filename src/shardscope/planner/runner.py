@@ -36,6 +36,7 @@ def candidate_json(c: Candidate, tokens: float | None = None, price: float | Non
         "mfu": e.mfu,
         "memory": asdict(e.memory),
         "time": {k: v for k, v in asdict(e.time).items() if k != "detail"},
+        "warnings": list(e.warnings),
     }
     if tokens:
         out["training"] = asdict(training_cost(e, tokens, price))

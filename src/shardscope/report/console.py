@@ -155,6 +155,13 @@ def print_plans(
             f"{e.memory.required_gib:,.1f}",
         )
     console.print(table)
+    plans_by_warning: dict[str, list[str]] = {}
+    for i, c in enumerate(best, 1):
+        for w in c.estimate.warnings:
+            plans_by_warning.setdefault(w, []).append(f"#{i}")
+    for w, plans in plans_by_warning.items():
+        which = "all plans" if len(plans) == len(best) else "plans " + ", ".join(plans)
+        console.print(f"[yellow]warning[/] ({which}): {w}")
     if tokens:
         tc = training_cost(best[0].estimate, tokens, price)
         money = f", cost {tc.cost:,.0f}" if tc.cost is not None else ""

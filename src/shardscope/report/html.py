@@ -98,6 +98,7 @@ def report_data(model: ModelSpec, cluster: Cluster, result: SearchResult, sim: S
             "tokens_per_s_per_gpu": best.estimate.tokens_per_s_per_gpu,
             "memory_gib": best.estimate.memory.required_gib,
         },
+        "warnings": list(best.estimate.warnings),
         "searched": result.structures,
         "feasible": result.evaluated,
         "stages": stages,
