@@ -120,8 +120,8 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 
 def _moe_layers(model: ModelSpec, plan: Plan) -> str:
-    """ "graphed" (a CUDA graph captures the whole MoE layer), else "eager flat" (Megatron's all-to-all
-    dispatcher) or "eager deepep/hybridep" (its flex dispatcher); "" without MoE layers."""
+    """How a row's MoE layers ran: "graphed" (a CUDA graph captures the whole MoE layer), else "eager flat"
+    (Megatron's all-to-all dispatcher) or "eager deepep/hybridep" (its flex dispatcher); "" without any."""
     if not model.moe_layers:
         return ""
     if moe_graphed(plan):
