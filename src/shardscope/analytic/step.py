@@ -183,15 +183,16 @@ class LayerCost:
 def _layer_cost(
     cluster: Cluster, plan: Plan, groups: Groups, model: ModelSpec, kind: LayerKind, unit: OpGroup, gather_bytes: float
 ) -> LayerCost:
-    """Memoised on the unit (see `_phase_cost`) and the plan fields outside the op graph that it reads:
-    recompute, and the sharded-data-parallel groups FSDP gathers over. Its forward and backward costs do
-    not depend on recompute and are kept apart, so plans that differ only in what they recompute (the
-    planner's Megatron module sets) share them."""
-    sharding = (plan.fsdp, plan.zero, plan.reshard_after_forward, plan.fsdp_prefetch, plan.shard_size, plan.expert_dp)
-    key = ("layer", cluster, plan.recompute, plan.recompute_modules, *sharding, gather_bytes)
+    """Memoised on the unit and the plan fields outside the op graph that it reads: recompute, and (under
+    FSDP / ZeRO-3 resharding, `_layer_cost_of`) the sharded-data-parallel groups it gathers over. Its
+    forward and backward costs depend on neither (as `_phase_cost`'s) and are kept on the unit alone, so
+    plans that differ only in data parallelism, sharding or recompute share them."""
+    regathers = (plan.fsdp or plan.zero == 3) and plan.reshard_after_forward
+    sharding = (plan.shard_size, plan.expert_dp, plan.fsdp_prefetch, gather_bytes) if regathers else None
+    key = ("layer", cluster, plan.recompute, plan.recompute_modules, sharding)
 
     def cost() -> LayerCost:
-        phases = unit.memoised(("phases", cluster, *sharding), lambda: _phase_costs(cluster, plan, groups, unit))
+        phases = unit.memoised(("phases", cluster), lambda: _phase_costs(cluster, plan, groups, unit))
         return _layer_cost_of(cluster, plan, groups, model, kind, unit, gather_bytes, phases)
 
     return unit.memoised(key, cost)
@@ -529,11 +530,13 @@ def rank_memory(
     arch: str,
     rank: int,
     fixed: tuple[StateBytes, float] | None = None,
+    activations: tuple[float, float, int] | None = None,
 ) -> RankMemory:
     """Memory of pipeline rank `rank`. `fixed` is its model state and transient buffers when already known
-    (`fixed_rank_memory`: they do not depend on recompute)."""
+    (`fixed_rank_memory`: they do not depend on recompute), `activations` its `activation_bytes` (they do
+    not depend on optimizer offload)."""
     state, buffers = fixed or fixed_rank_memory(model, plan, graph, arch, rank)
-    act, workspace, inflight = activation_bytes(model, plan, graph, rank)
+    act, workspace, inflight = activations or activation_bytes(model, plan, graph, rank)
     return RankMemory(rank, state, act, buffers + workspace, inflight, workspace)
 
 

@@ -27,7 +27,7 @@ from shardscope.analytic.step import (
     step_costs,
 )
 from shardscope.costs.comm import deepep_beyond_nvlink_peers
-from shardscope.costs.memory import GIB, StateBytes
+from shardscope.costs.memory import GIB, StateBytes, activation_bytes
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
@@ -85,17 +85,33 @@ def _footprint_gib(m: RankMemory) -> float:
 
 def _fits_memory(model: ModelSpec, cluster: Cluster, plan: Plan, fixed: dict | None = None) -> bool:
     """The ranks whose memory can be the largest (`memory_ranks`) within HBM less the headroom. `fixed`
-    keeps each rank's model state and buffers across the recompute levels of one structure
-    (`_fixed_parts`)."""
+    keeps each rank's model state and buffers (`_fixed_parts`) and activations (`_activations`) across the
+    plans of one structure."""
     from shardscope.graph.build import build_stage_graph
 
     arch = cluster.gpu.arch
     graph = build_stage_graph(model, plan, arch)
     for rank in memory_ranks(model, plan.pp, plan.vpp, plan.pp_layout):
-        parts = None if fixed is None else _fixed_parts(model, plan, graph, arch, rank, fixed)
-        if _footprint_gib(rank_memory(model, plan, graph, arch, rank, parts)) > cluster.gpu.hbm_gib - HEADROOM_GIB:
+        parts = acts = None
+        if fixed is not None:
+            parts, acts = (
+                _fixed_parts(model, plan, graph, arch, rank, fixed),
+                _activations(model, plan, graph, rank, fixed),
+            )
+        memory = rank_memory(model, plan, graph, arch, rank, parts, acts)
+        if _footprint_gib(memory) > cluster.gpu.hbm_gib - HEADROOM_GIB:
             return False
     return True
+
+
+def _activations(model: ModelSpec, plan: Plan, graph: StageGraph, rank: int, fixed: dict) -> tuple[float, float, int]:
+    """A rank's `activation_bytes`, kept in `fixed` for the plans of one structure: they differ only in
+    recompute and optimizer offload, and offload does not change activations."""
+    key = ("activations", rank, plan.recompute, plan.recompute_modules, plan.recompute_layers)
+    acts = fixed.get(key)
+    if acts is None:
+        acts = fixed[key] = activation_bytes(model, plan, graph, rank)
+    return acts
 
 
 def _fixed_parts(
@@ -222,9 +238,10 @@ def _memory_floor_gib(model: ModelSpec, cluster: Cluster, base: Plan, offload: t
 
     arch = cluster.gpu.arch
     graph = build_stage_graph(model, base, arch)
+    plans = [evolve(base, offload_optimizer=off) for off in offload]
     floor = 0.0
     for rank in {0, base.pp - 1}:
-        parts = (_fixed_parts(model, evolve(base, offload_optimizer=off), graph, arch, rank, fixed) for off in offload)
+        parts = (_fixed_parts(model, plan, graph, arch, rank, fixed) for plan in plans)
         floor = max(floor, min(_footprint_gib(RankMemory(rank, st, 0.0, buf, 0)) for st, buf in parts))
     return floor
 
