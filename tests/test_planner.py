@@ -78,6 +78,26 @@ def test_workers_give_the_same_answer():
     assert [x.plan for x in one.candidates[:5]] == [x.plan for x in two.candidates[:5]]
 
 
+def test_workers_default_to_one_per_core_for_large_searches_only():
+    """`workers=0` (the CLI's default) pools a search only when it is large enough to repay the pool's
+    start-up, with at most one process per core this process may run on."""
+    import os
+
+    from shardscope.cli import Workers
+    from shardscope.planner.search import MAX_AUTO_WORKERS, POOL_MIN_LAYOUTS, auto_workers
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    assert auto_workers(POOL_MIN_LAYOUTS - 1) == 1
+    assert auto_workers(POOL_MIN_LAYOUTS) == min(cores, MAX_AUTO_WORKERS)
+    assert f"{POOL_MIN_LAYOUTS:,}" in Workers.__metadata__[0].help  # the CLI's help states the threshold
+    m, c = load_model("llama3.1-8b"), make_cluster("H100", 64)
+    assert [x.plan for x in search(m, c, 128, 4096, workers=0).candidates] == [
+        x.plan for x in search(m, c, 128, 4096).candidates
+    ]
+    with pytest.raises(ShardscopeError, match="--workers must be 0"):
+        search(m, c, 128, 4096, workers=-1)
+
+
 @pytest.mark.parametrize("text,value", [("15T", 15e12), ("300B", 3e11), ("2.5e12", 2.5e12), ("1000", 1000)])
 def test_parse_tokens(text, value):
     assert parse_tokens(text) == pytest.approx(value)

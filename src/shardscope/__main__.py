@@ -1,3 +1,5 @@
 from shardscope.cli import app
 
-app(prog_name="shardscope")
+# Guarded: a search's worker processes started by "spawn" (macOS, Windows) import this module again.
+if __name__ == "__main__":
+    app(prog_name="shardscope")

@@ -88,6 +88,9 @@ OptimizerMoments = Annotated[str, typer.Option(help="Adam m, v dtype: fp32 | bf1
 MainGrads = Annotated[str, typer.Option(help="gradient buffer dtype: fp32 | bf16 (Megatron)")]
 OverlapGradReduce = Annotated[bool, typer.Option(help="DP gradient reduction under the backward")]
 AsJson = Annotated[bool, typer.Option("--json", help="print one JSON object")]
+Workers = Annotated[
+    int, typer.Option(help="local worker processes (0: one per core, up to 8, for searches of 2,000+ layouts)")
+]
 # The planner's MoE choices: searched unless fixed
 EpDispatchChoice = Annotated[
     str, typer.Option(help="MoE token dispatcher: auto (try flat and deepep) | flat | deepep | hybridep")
@@ -233,7 +236,7 @@ def plan(
     fused_cross_entropy: FusedCrossEntropy = False,
     ep_dispatch: EpDispatchChoice = "auto",
     ep_comm_overlap: EpCommOverlapChoice = None,
-    workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
+    workers: Workers = 0,
     executor: Annotated[str, typer.Option(help="local | ray")] = "local",
     as_json: AsJson = False,
 ) -> None:
@@ -376,7 +379,7 @@ def report(
     fused_cross_entropy: FusedCrossEntropy = False,
     ep_dispatch: EpDispatchChoice = "auto",
     ep_comm_overlap: EpCommOverlapChoice = None,
-    workers: Annotated[int, typer.Option(help="local worker processes")] = 1,
+    workers: Workers = 0,
 ) -> None:
     """Search the plans and write a self-contained interactive HTML report."""
     from shardscope.planner.runner import SEARCH_OPTIONS, search_setup

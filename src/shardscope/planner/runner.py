@@ -116,8 +116,8 @@ def run_plan_command(
     spec, cluster, seq_len, space = search_setup(**{k: v for k, v in locals().items() if k in SEARCH_OPTIONS})
     if export is not None and export not in FORMATS:
         raise ShardscopeError(f"--export must be one of {', '.join(FORMATS)}, got {export!r}")
-    if top <= 0 or workers <= 0 or global_batch <= 0 or seq_len <= 0:
-        raise ShardscopeError("--top, --workers, --global-batch and --seq-len must be positive")
+    if top <= 0 or global_batch <= 0 or seq_len <= 0:
+        raise ShardscopeError("--top, --global-batch and --seq-len must be positive")
     n_tokens = parse_tokens(tokens) if tokens else None
     if as_json:
         result = search(spec, cluster, global_batch, seq_len, objective, space, workers, executor)

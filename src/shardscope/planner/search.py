@@ -13,6 +13,7 @@ recompute.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -246,6 +247,22 @@ def _memory_floor_gib(model: ModelSpec, cluster: Cluster, base: Plan, offload: t
     return floor
 
 
+# `workers=0` (the CLI's default) runs a search of this many layouts or more on a pool of one process per
+# core, at most `MAX_AUTO_WORKERS` (each holds its own op graphs: ~230 MB for DeepSeek-V3); below it a
+# pool's start-up (each process imports the package) costs more than it shares out.
+POOL_MIN_LAYOUTS = 2000
+MAX_AUTO_WORKERS = 8
+
+
+def auto_workers(layouts: int) -> int:
+    """Worker processes for a search of `layouts` when none are asked for: one per core this process may
+    run on (at most `MAX_AUTO_WORKERS`) from `POOL_MIN_LAYOUTS` layouts up, else one."""
+    if layouts < POOL_MIN_LAYOUTS:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cores, MAX_AUTO_WORKERS))
+
+
 def _evaluate_chunk(args: tuple) -> list[Candidate]:
     model, cluster, chunk, space = args
     return [c for kw in chunk if (c := evaluate_structure(model, cluster, kw, space=space)) is not None]
@@ -262,9 +279,12 @@ def search(
     executor: str = "local",
     progress: Callable[[int, int], None] | None = None,
 ) -> SearchResult:
-    """Every valid plan of `model` on `cluster` for this batch, feasible ones ranked by `objective`."""
+    """Every valid plan of `model` on `cluster` for this batch, feasible ones ranked by `objective`, over
+    `workers` processes (0: `auto_workers`)."""
     if objective not in OBJECTIVES:
         raise ShardscopeError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    if workers < 0:
+        raise ShardscopeError(f"--workers must be 0 (one per core) or more, got {workers}")
     space = space or SearchSpace()
     # the graph rules that hold for every plan of the search (its plans route dropless, recompute varies)
     if problem := cuda_graph_problem(model, Plan(cuda_graphs=space.cuda_graphs)):
@@ -274,6 +294,7 @@ def search(
         raise ShardscopeError(
             f"no parallel layout of {cluster.gpus} GPUs divides global batch {global_batch} and seq {seq_len}"
         )
+    workers = workers or auto_workers(len(todo))
     found: list[Candidate] = []
     chunk_size = max(16, len(todo) // (64 * max(workers, 1)))
     chunks = [todo[i : i + chunk_size] for i in range(0, len(todo), chunk_size)]
