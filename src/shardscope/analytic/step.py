@@ -180,14 +180,20 @@ class LayerCost:
     recompute_stall_s: float = 0.0  # host stall inside `recompute_s` (full recompute re-runs the forward)
 
 
+def regathers_per_micro_batch(plan: Plan) -> bool:
+    """FSDP / ZeRO-3 that reshards after forward: every micro-batch all-gathers each layer's weights (and
+    reduce-scatters its gradient) inside the layer, rather than once a step."""
+    return (plan.fsdp or plan.zero == 3) and plan.reshard_after_forward
+
+
 def _layer_cost(
     cluster: Cluster, plan: Plan, groups: Groups, model: ModelSpec, kind: LayerKind, unit: OpGroup, gather_bytes: float
 ) -> LayerCost:
-    """Memoised on the unit and the plan fields outside the op graph that it reads: recompute, and (under
-    FSDP / ZeRO-3 resharding, `_layer_cost_of`) the sharded-data-parallel groups it gathers over. Its
+    """Memoised on the unit and the plan fields outside the op graph that it reads: recompute, and (when it
+    `regathers_per_micro_batch`, `_layer_cost_of`) the sharded-data-parallel groups it gathers over. Its
     forward and backward costs depend on neither (as `_phase_cost`'s) and are kept on the unit alone, so
     plans that differ only in data parallelism, sharding or recompute share them."""
-    regathers = (plan.fsdp or plan.zero == 3) and plan.reshard_after_forward
+    regathers = regathers_per_micro_batch(plan)
     sharding = (plan.shard_size, plan.expert_dp, plan.fsdp_prefetch, gather_bytes) if regathers else None
     key = ("layer", cluster, plan.recompute, plan.recompute_modules, sharding)
 
@@ -233,7 +239,7 @@ def _layer_cost_of(
     else:
         rec, rec_comm = 0.0, 0.0
     exposed = hidden = ag = rs = 0.0
-    if (plan.fsdp or plan.zero == 3) and plan.reshard_after_forward:
+    if regathers_per_micro_batch(plan):
         # FSDP / ZeRO-3 (reshard after forward): every micro-batch all-gathers the layer in forward and
         # again in backward and reduce-scatters its gradient, prefetched under the neighbour's compute.
         dense = dense_params_local(model, plan.tp, kind)
@@ -435,7 +441,7 @@ def dp_comm(sc: StepCosts, model: ModelSpec, cluster: Cluster, plan: Plan, rank:
     dense, expert = rank_params_local(model, plan, rank)
     n_layers = max(len(plan.rank_layers(model.layers)[rank]), 1)
     grad_exp = gather_exp = total = 0.0
-    if not ((plan.fsdp or plan.zero == 3) and plan.reshard_after_forward):
+    if not regathers_per_micro_batch(plan):
         sharded = plan.zero >= 1 or plan.fsdp
         kind = "reduce_scatter" if sharded else "all_reduce"
         per_param = GRAD_REDUCE_BYTES if plan.fsdp else plan.main_grad_bytes  # Megatron reduces its main_grad

@@ -93,13 +93,12 @@ def _fits_memory(model: ModelSpec, cluster: Cluster, plan: Plan, fixed: dict | N
     arch = cluster.gpu.arch
     graph = build_stage_graph(model, plan, arch)
     for rank in memory_ranks(model, plan.pp, plan.vpp, plan.pp_layout):
-        parts = acts = None
-        if fixed is not None:
-            parts, acts = (
-                _fixed_parts(model, plan, graph, arch, rank, fixed),
-                _activations(model, plan, graph, rank, fixed),
-            )
-        memory = rank_memory(model, plan, graph, arch, rank, parts, acts)
+        if fixed is None:
+            memory = rank_memory(model, plan, graph, arch, rank)
+        else:
+            parts = _fixed_parts(model, plan, graph, arch, rank, fixed)
+            acts = _activations(model, plan, graph, rank, fixed)
+            memory = rank_memory(model, plan, graph, arch, rank, parts, acts)
         if _footprint_gib(memory) > cluster.gpu.hbm_gib - HEADROOM_GIB:
             return False
     return True
@@ -165,7 +164,9 @@ def evaluate_structure(
     except ShardscopeError:
         return None
     offload = (False, True) if (offload_ok and (base.fsdp or base.zero >= 1)) else (False,)
-    fixed: dict = {}  # each rank's model state and buffers, by optimizer offload (`_fixed_parts`)
+    # each rank's model state and buffers by optimizer offload (`_fixed_parts`), activations by recompute
+    # (`_activations`)
+    fixed: dict = {}
     if _memory_floor_gib(model, cluster, base, offload, fixed) > cluster.gpu.hbm_gib - HEADROOM_GIB:
         return None
     stage_layers = base.stage_layers(model.layers)
@@ -296,7 +297,7 @@ def search(
         )
     workers = workers or auto_workers(len(todo))
     found: list[Candidate] = []
-    chunk_size = max(16, len(todo) // (64 * max(workers, 1)))
+    chunk_size = max(16, len(todo) // (64 * workers))
     chunks = [todo[i : i + chunk_size] for i in range(0, len(todo), chunk_size)]
     for done, batch in enumerate(_run(chunks, model, cluster, space, workers, executor), start=1):
         found += batch
