@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from shardscope.analytic.caveats import GRAPH_MEMORY_WARNING, eager_moe_warning
 from shardscope.costs.comm import GroupPlacement, collective_time_s, place_group
@@ -32,6 +32,7 @@ from shardscope.costs.memory import (
 )
 from shardscope.costs.offload import cpu_optimizer_time_s, host_bytes_per_gpu, link_time_s
 from shardscope.graph.build import BF16, FP32, OpGroup, StageGraph, build_stage_graph
+from shardscope.graph.ops import Collective
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import LayerKind, ModelSpec
 from shardscope.plan.plan import Plan
@@ -82,7 +83,8 @@ class PhaseCost:
     attention_s: float = 0.0
     attn_block_s: float = 0.0  # compute of a layer's attention half (OpGroup.attn_ops)
     host_stall_s: float = 0.0  # part of compute_s the GPU waits for the host to issue work (costs.host)
-    dispatch_exposed_s: float = 0.0  # part of exposed_s in the EP / ETP groups (the MoE dispatch)
+    # each collective of the phase and its exposed part of exposed_s (where it runs: costs.host)
+    comms: list[tuple[Collective, float]] = field(default_factory=list)
     paired_hidden_s: float = 0.0  # part of hidden_s under the other micro-batch's blocks (combined 1F1B)
 
 
@@ -98,7 +100,7 @@ def _compute_cost(cluster: Cluster, plan: Plan, unit: OpGroup, backward: bool) -
 def _add_host_stall(cluster: Cluster, plan: Plan, unit: OpGroup, backward: bool, cost: PhaseCost) -> PhaseCost:
     """Add the time the GPU waits for the host to issue the phase's work (`costs.host`) to its compute."""
     times = group_times_s(cluster.gpu, unit, plan)[backward]
-    cost.host_stall_s = host_stall_s(unit.ops, times, backward, plan, cost.exposed_s, cost.dispatch_exposed_s)
+    cost.host_stall_s = host_stall_s(unit.ops, times, backward, plan, cost.comms)
     cost.compute_s += cost.host_stall_s
     return cost
 
@@ -146,8 +148,7 @@ def _add_comms(
             cost.paired_hidden_s += hidden if paired else 0.0
         cost.hidden_s += hidden
         cost.exposed_s += t - hidden
-        if c.group in ("ep", "etp"):
-            cost.dispatch_exposed_s += t - hidden
+        cost.comms.append((c, t - hidden))
     return cost
 
 
@@ -171,7 +172,7 @@ class LayerCost:
     fwd: PhaseCost
     bwd: PhaseCost
     recompute_s: float  # extra forward work in backward (compute only)
-    recompute_comm_s: float  # TP/CP communication re-run by full recompute
+    recompute_comm_s: float  # communication re-run by recompute (full: TP/CP/EP; a recomputed MoE block: EP)
     fsdp_exposed_s: float
     fsdp_hidden_s: float
     fsdp_gather_s: float  # one all-gather of the layer (the first one of a step is never hidden)
@@ -233,9 +234,12 @@ def _layer_cost_of(
         rerun_ids = {id(op) for op in rerun}
         fwd_times = group_times_s(cluster.gpu, unit, plan)[0]
         rerun_times = tuple(t for op, t in zip(unit.ops, fwd_times, strict=True) if id(op) in rerun_ids)
-        # the re-run forward ops are issued by the host too (a recomputed MoE block re-runs its expert loop)
-        rec_stall = host_stall_s(tuple(rerun), rerun_times, False, plan)
-        rec, rec_comm = sum(rerun_times) + rec_stall, 0.0
+        # the re-run forward ops are issued by the host too (a recomputed MoE block re-runs its expert loop),
+        # and the collectives issued after them (a recomputed MoE block re-runs its dispatch and combine)
+        names = {op.name for op in rerun}
+        rerun_comms = [(c, t) for c, t in fwd.comms if c.after in names]
+        rec_stall = host_stall_s(tuple(rerun), rerun_times, False, plan, rerun_comms)
+        rec, rec_comm = sum(rerun_times) + rec_stall, sum(t for _, t in rerun_comms)
     else:
         rec, rec_comm = 0.0, 0.0
     exposed = hidden = ag = rs = 0.0

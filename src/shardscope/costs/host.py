@@ -12,18 +12,20 @@ layer. A synchronisation drains the GPU's queue: from there to the next one (the
 GPU starts empty and waits whenever the host has not yet issued the next kernel (`queue_idle_s`). Forward
 has the MoE dispatcher's one sync per layer, backward none (and a DeepEP/HybridEP dispatch call's own host
 time right after it); under the combined-1F1B all-to-all overlap the other micro-batch's queued work keeps
-the GPU busy through the sync. Exposed communication keeps the GPU busy too:
-the dispatcher's all-to-alls right after its sync, while the host issues the experts; TP and CP
-collectives at the layer's start.
+the GPU busy through the sync. Exposed communication keeps the GPU busy too, from where it is issued
+(`Collective.after`): the dispatch all-to-alls right after the sync, while the host issues the experts;
+the combine only after the experts; the token-count exchange before the sync; TP and CP collectives at
+the layer's start.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import pairwise
 
 from shardscope.costs.compute import op_kernels
 from shardscope.graph.fp8 import QUANT_KERNELS
-from shardscope.graph.ops import Op
+from shardscope.graph.ops import Collective, Op
 from shardscope.plan.plan import Plan
 
 # Host time per eager kernel launch through PyTorch: 4-6 us (PyTorch issue #82793 on A100; Nsight
@@ -133,31 +135,52 @@ def queue_idle_s(host: list[float], gpu: list[float]) -> float:
     return idle
 
 
+def _issue_order(
+    ops: tuple[Op, ...],
+    gpu_times: tuple[float, ...],
+    backward: bool,
+    plan: Plan,
+    comms: Sequence[tuple[Collective, float]],
+) -> list[tuple[float, float, bool]]:
+    """The phase as the host issues it: (host time, GPU time, waits for the GPU first) per op, with each
+    collective's exposed time as GPU work where it is issued (forward: after the op it names, or before
+    the first op; backward, which never waits, at its start). A DeepEP/HybridEP dispatch that waits
+    costs its call's host time (`dispatch_call_s`)."""
+    items = [(op_host_s(op, backward, plan), t, op.host_sync) for op, t in zip(ops, gpu_times, strict=True)]
+    at = {op.name: i for i, op in reversed(list(enumerate(ops)))}
+    placed: dict[int, list[tuple[float, float, bool]]] = {}
+    for c, exposed_s in comms:
+        sync = c.host_sync and not backward
+        call = dispatch_call_s(plan) if sync else 0.0
+        placed.setdefault(-1 if backward or not c.after else at[c.after], []).append((call, exposed_s, sync))
+    # after one op, the collectives that wait go last: they wait for what the others exchange (the counts)
+    ordered = {i: sorted(group, key=lambda item: item[2]) for i, group in placed.items()}
+    order = ordered.get(-1, [])
+    for i, item in enumerate(items):
+        order += [item, *ordered.get(i, [])]
+    return order
+
+
 def host_stall_s(
     ops: tuple[Op, ...],
     gpu_times: tuple[float, ...],
     backward: bool,
     plan: Plan,
-    exposed_comm_s: float = 0.0,
-    dispatch_comm_s: float = 0.0,
+    comms: Sequence[tuple[Collective, float]] = (),
 ) -> float:
-    """Time the GPU waits for the host in one phase of `ops` (one layer). Exposed communication counts
-    as GPU time: the MoE dispatch (`dispatch_comm_s`, part of `exposed_comm_s`) right after the
-    dispatcher's sync, the rest at the layer's start. With no sync (backward, graphed MoE layers, dense
-    layers) the host runs ahead across layers: max(0, host - GPU). With syncs, each stretch from one sync
-    to the next (wrapping into the next layer, taken to be this one) starts with an empty GPU queue."""
-    host = [op_host_s(op, backward, plan) for op in ops]
-    dispatch_host = 0.0 if backward or not any(op.host_sync for op in ops) else dispatch_call_s(plan)
-    cuts = [i for i, op in enumerate(ops) if op.host_sync and i > 0] if not backward and drains(plan) else []
+    """Time the GPU waits for the host in one phase of `ops` (one layer), whose collectives `comms` are
+    exposed for the seconds given: GPU time where they are issued (`_issue_order`). With no sync
+    (backward, graphed MoE layers, dense layers) the host runs ahead across layers: max(0, host - GPU).
+    With syncs, each stretch from one sync to the next (wrapping into the next layer, taken to be this
+    one) starts with an empty GPU queue."""
+    order = _issue_order(ops, gpu_times, backward, plan, comms)
+    host, gpu = [h for h, _, _ in order], [g for _, g, _ in order]
+    cuts = [i for i, (_, _, sync) in enumerate(order) if sync] if not backward and drains(plan) else []
     if not cuts:
-        return max(0.0, sum(host) + dispatch_host - sum(gpu_times) - exposed_comm_s)
-    gpu = list(gpu_times)
-    gpu[0] += exposed_comm_s - dispatch_comm_s
-    n = len(ops)
+        return max(0.0, sum(host) - sum(gpu))
+    n = len(order)
 
     def stretch(a: int, b: int) -> float:
-        # the dispatch runs once the host has issued it after the sync
-        call, first = (dispatch_host, dispatch_comm_s) if a == cuts[0] else (0.0, 0.0)
-        return queue_idle_s([call] + [host[i % n] for i in range(a, b)], [first] + [gpu[i % n] for i in range(a, b)])
+        return queue_idle_s([host[i % n] for i in range(a, b)], [gpu[i % n] for i in range(a, b)])
 
     return sum(stretch(a, b) for a, b in pairwise([*cuts, cuts[0] + n]))

@@ -10,6 +10,8 @@ it sets the layer's time and activation peak (see `costs.routing`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from shardscope.graph.common import (
     BF16,
     FP32,
@@ -131,9 +133,27 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     norm2, stats2 = norm("mlp norm", model, t_sp)
     ops: list[Op] = tagged([norm2], "layernorm")
     saved: list[Saved] = [stats2, *tagged([Saved("mlp norm out (mlp input)", BF16 * t_sp * h, NONE_ONLY)], "layernorm")]
+    comms: list[Collective] = []
+    si = sg = 0.0
+    if moe.shared_experts:
+        # Megatron-Core (0.15 on) runs the shared experts first, on the layer's input, before the router
+        # (`MoELayer.forward` -> `shared_experts_compute`), and graphs them with the router unless they
+        # overlap the EP all-to-alls.
+        s_ops, s_saved, si, sg = _ffn(
+            model,
+            "shared expert",
+            t,
+            moe.shared_experts * moe.shared_ffn // plan.tp,
+            sh.fp8,
+            sh.gemm_in,
+            modules=("moe", "shared_experts"),
+            fused=plan.fused_activation,
+        )
+        ops += s_ops if plan.ep_comm_overlap else scoped(s_ops, "moe_router")
+        saved += s_saved
+        comms += tp_collectives(plan, "shared expert", BF16 * t * h)
     # Everything from the router to the un-permute belongs to Megatron's "moe" recompute module.
     moe_start = len(ops), len(saved)
-    comms: list[Collective] = []
     # Router: a small GEMM to expert logits (plain PyTorch in Megatron-Core), fp32 softmax/sigmoid + top-k
     # and the load-balancing terms, launched as Megatron-Core's fused router's kernels.
     ops.append(gemm("router", tm, moe.experts, h, te_module=False))
@@ -150,19 +170,25 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     saved.append(Saved("router probabilities", FP32 * tm * moe.experts, NOT_FULL))
     ops = scoped(ops, "moe_router")
     perm = BF16 * tm * moe.top_k * h
-    # A dropless dispatcher sizes its buffers and all-to-all splits from the per-expert token counts,
-    # which it copies to the host: the host waits for the router before issuing the rest of the layer.
+    # A dropless dispatcher sizes its all-to-all splits (or, with EP 1, its expert loop) from the token
+    # counts, which it copies to the host: the host waits for the GPU there (`host_sync`), then issues the
+    # dispatch. Megatron-Core's all-to-all dispatcher permutes its tokens first and waits "before_ep_alltoall"
+    # ("before_finish" with EP 1: before the experts); DeepEP and HybridEP wait inside the dispatch call,
+    # once the counts are exchanged, and permute the received tokens after it (core_v0.15-0.18
+    # token_dispatcher.py). Each collective names the op it is issued `after`.
     dropless = plan.capacity_factor == 0
-    moved = BF16 * tm * h + perm
-    ops.append(Op("permute", "memory", bytes=moved, bwd_bytes=moved, scope="moe_preprocess", host_sync=dropless))
-    dispatch = load * perm
     flex = plan.ep_dispatch != "flat"
+    moved = BF16 * tm * h + perm
+    permute = Op("permute", "memory", bytes=moved, bwd_bytes=moved, scope="moe_preprocess")
+    ops.append(permute)
+    dispatch = load * perm
+    sent_after = "router top-k" if flex else permute.name
 
     # Megatron's combined-1F1B schedule (overlap_moe_expert_parallel_comm) runs one micro-batch's forward
     # beside another's backward and pairs each all-to-all with one compute block of the other: forward
     # dispatch under backward MLP, forward combine under backward attention, the backward all-to-alls
     # under forward attention (combine) and forward MLP (dispatch) (DeepSeek-V3 report, Fig. 4).
-    def a2a(name: str, phase: Phase, pair: HiddenBy) -> Collective:
+    def a2a(name: str, phase: Phase, pair: HiddenBy, after: str = "", sync: bool = False) -> Collective:
         hide: HiddenBy = pair if plan.ep_comm_overlap else ""
         # a dispatch's backward runs the combine kernel, a combine's backward the dispatch kernel
         combine = (name == "combine") == (phase == "fwd")
@@ -171,31 +197,47 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
             if flex
             else None
         )
-        return Collective(f"ep {name} all-to-all", "all_to_all", "ep", dispatch, phase, hide, fanout)
+        return Collective(f"ep {name} all-to-all", "all_to_all", "ep", dispatch, phase, hide, fanout, after, sync)
 
-    def beside_dispatch(name: str, kind: CollectiveKind, nbytes: float, phase: Phase) -> Collective:
+    def beside_dispatch(name: str, kind: CollectiveKind, nbytes: float, phase: Phase, after: str = "") -> Collective:
         hide: HiddenBy = ("bwd_mlp" if phase == "fwd" else "fwd_mlp") if plan.ep_comm_overlap else ""
-        return Collective(name, kind, "ep", nbytes, phase, hide)
+        return Collective(name, kind, "ep", nbytes, phase, hide, after=after)
 
     if plan.ep > 1:
-        comms += [a2a("dispatch", "fwd", "bwd_mlp"), a2a("dispatch", "bwd", "fwd_mlp")]
+        comms += [
+            a2a("dispatch", "fwd", "bwd_mlp", sent_after, sync=dropless),
+            a2a("dispatch", "bwd", "fwd_mlp"),
+        ]
         if plan.ep_dispatch == "flat":
             # Megatron-Core's all-to-all dispatcher first all-gathers every rank's per-expert token counts
             # (int64) for the splits, and sends the routing weights (fp32) by their own all-to-all after the
             # tokens' (backward: their gradients) (`MoEAlltoAllTokenDispatcher.preprocess`/`token_dispatch`).
+            weights = FP32 * load * tm * moe.top_k
             comms += [
-                beside_dispatch("ep token-count all-gather", "all_gather", INT64 * moe.experts * plan.ep, "fwd"),
-                beside_dispatch("ep routing-weight all-to-all", "all_to_all", FP32 * load * tm * moe.top_k, "fwd"),
-                beside_dispatch("ep routing-weight all-to-all", "all_to_all", FP32 * load * tm * moe.top_k, "bwd"),
+                beside_dispatch(
+                    "ep token-count all-gather", "all_gather", INT64 * moe.experts * plan.ep, "fwd", "router top-k"
+                ),
+                beside_dispatch("ep routing-weight all-to-all", "all_to_all", weights, "fwd", sent_after),
+                beside_dispatch("ep routing-weight all-to-all", "all_to_all", weights, "bwd"),
             ]
         elif plan.ep_dispatch == "hybridep":
             # HybridEP's metadata preprocessing all-gathers the whole boolean routing map (tokens x experts)
             # over the EP group: NCCL across NVLink domains, its own NVLink kernel inside one (DeepEP
             # hybrid-ep branch, csrc/hybrid_ep/executor/executor.cu `allgather_routing_map`).
-            comms.append(beside_dispatch("ep routing-map all-gather", "all_gather", tm * moe.experts * plan.ep, "fwd"))
+            routing_map = tm * moe.experts * plan.ep
+            comms.append(beside_dispatch("ep routing-map all-gather", "all_gather", routing_map, "fwd", "router top-k"))
     if plan.etp > 1:
+        gather_sync = dropless and plan.ep == 1
         comms += [
-            Collective("etp all-gather tokens", "all_gather", "etp", dispatch * plan.etp, "fwd"),
+            Collective(
+                "etp all-gather tokens",
+                "all_gather",
+                "etp",
+                dispatch * plan.etp,
+                "fwd",
+                after=sent_after,
+                host_sync=gather_sync,
+            ),
             Collective("etp reduce-scatter tokens", "reduce_scatter", "etp", dispatch * plan.etp, "bwd"),
         ]
     # Megatron-Core's all-to-all dispatcher sorts the received chunks (source rank-major) by local expert
@@ -219,8 +261,11 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
         act_module="moe_act",
         fused=plan.fused_activation,
     )
+    if dropless and plan.ep == 1 and plan.etp == 1:  # no collective to wait before: the expert loop waits
+        e_ops[0] = replace(e_ops[0], host_sync=True)
     ops += e_ops
     saved += e_saved
+    fi, fg = fi + si, fg + sg
     if moe.expert_bias:
         # Megatron-Core's TEGroupedMLP adds the down projection's bias outside the GEMM, per expert and
         # weighted by the routing probability, in fp32 (`_apply_bias`, core_v0.15.0): b * p, t + b * p,
@@ -243,34 +288,24 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
         saved.append(Saved("expert outputs", BF16 * routed * h, NOT_FULL))
     if sort_chunks:
         ops.append(Op("unsort chunks", "memory", bytes=sort_bytes, bwd_bytes=sort_bytes))
+    # the all-to-all dispatcher combines before its un-permute, DeepEP and HybridEP after theirs
+    unpermute = "unpermute + weighted sum"
+    experts_done = ops[-1].name
+    combined_after = unpermute if flex else experts_done
     if plan.etp > 1:
         comms += [
-            Collective("etp reduce-scatter outputs", "reduce_scatter", "etp", dispatch * plan.etp, "fwd"),
+            Collective(
+                "etp reduce-scatter outputs", "reduce_scatter", "etp", dispatch * plan.etp, "fwd", after=experts_done
+            ),
             Collective("etp all-gather grads", "all_gather", "etp", dispatch * plan.etp, "bwd"),
         ]
     if plan.ep > 1:
-        comms += [a2a("combine", "fwd", "bwd_attn"), a2a("combine", "bwd", "fwd_attn")]
+        comms += [a2a("combine", "fwd", "bwd_attn", combined_after), a2a("combine", "bwd", "fwd_attn")]
     # backward scatters the output gradient to the rows; unfused, it also reads the expert outputs
     unpermute_bwd = (1 if plan.fused_activation else 2) * perm + BF16 * tm * h
-    ops.append(Op("unpermute + weighted sum", "memory", bytes=perm + BF16 * tm * h, bwd_bytes=unpermute_bwd))
+    ops.append(Op(unpermute, "memory", bytes=perm + BF16 * tm * h, bwd_bytes=unpermute_bwd))
     ops[moe_start[0] :] = tagged(ops[moe_start[0] :], "moe")
     saved[moe_start[1] :] = tagged(saved[moe_start[1] :], "moe")
-    if moe.shared_experts:
-        s_ops, s_saved, si, sg = _ffn(
-            model,
-            "shared expert",
-            t,
-            moe.shared_experts * moe.shared_ffn // plan.tp,
-            sh.fp8,
-            sh.gemm_in,
-            modules=("moe", "shared_experts"),
-            fused=plan.fused_activation,
-        )
-        # Megatron graphs the shared experts with the router unless they overlap the EP all-to-alls
-        ops += s_ops if plan.ep_comm_overlap else scoped(s_ops, "moe_router")
-        saved += s_saved
-        fi, fg = fi + si, fg + sg
-        comms += tp_collectives(plan, "shared expert", BF16 * t * h)
     ops.append(residual("mlp residual add", model, t_sp))
     saved.append(Saved("moe output", BF16 * t_sp * h, SELECTIVE_ONLY))
     return OpGroup(tuple(scoped(ops, "moe")), tuple(saved), tuple(comms)), fi, fg

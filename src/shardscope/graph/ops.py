@@ -80,7 +80,10 @@ class Collective:
 
     `bytes` is the full buffer: the output of an all-gather, the input of a reduce-scatter, the buffer
     of an all-reduce, the per-rank send of an all-to-all or send/recv. `hidden_by` names the compute
-    that can overlap it (see `HiddenBy`; "" = exposed on the critical path).
+    that can overlap it (see `HiddenBy`; "" = exposed on the critical path). A forward collective names
+    the op it is issued `after` ("" = before the unit's first op), and `host_sync` marks one the host
+    issues only after waiting for the GPU (as `Op.host_sync`): where its exposed time runs while the host
+    issues the ops that follow (`costs.host.host_stall_s`).
     """
 
     name: str
@@ -90,3 +93,5 @@ class Collective:
     phase: Phase
     hidden_by: HiddenBy = ""
     fanout: TokenFanout | None = None  # MoE dispatch sent once per destination GPU / node; None = per expert
+    after: str = ""
+    host_sync: bool = False
