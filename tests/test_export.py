@@ -52,8 +52,8 @@ def _plan(model_name: str, variant: dict, gpu: str = "H100"):
     kw = dict(variant)
     if kw.get("fp8_recipe") == "mxfp8":
         gpu = "B200"
-    if m.moe:
-        kw.update(ep=8, ep_dispatch="deepep")
+    if m.moe:  # FP8 variants pad the router's counts
+        kw.update(ep=8, ep_dispatch="deepep", moe_router_padding=kw.get("precision") == "fp8")
     if m.dit:
         kw.update(pp=1, vpp=1)
     return m, make_plan(m, make_cluster(gpu, 256), global_batch=256, seq_len=4096, **kw)

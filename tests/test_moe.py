@@ -148,6 +148,63 @@ def test_expert_bias_traffic_matches_pytorch():
     assert bias_op.bwd_bytes == pytest.approx(load * bwd.total, rel=0.01)
 
 
+def _fp8_moe_layer(**kw):
+    model = load_model("qwen3-30b-a3b")
+    plan = make_plan(model, make_cluster("H100", 16), ep=16, global_batch=64, seq_len=4096, precision="fp8", **kw)
+    graph = build_stage_graph(model, plan)
+    return model, plan, graph, next(g for k, g in graph.layers.items() if k.mlp == "moe")
+
+
+def test_fp8_expert_padding_copies_match_pytorch():
+    """Unpadded expert counts in FP8: Transformer Engine's Fp8Padding copies the experts' input rows and
+    routing weights into a buffer padded per expert, Fp8Unpadding copies the output back, and backward
+    copies the gradients the other way. The graph's pad and unpad ops move the bytes of those copies (an
+    index-select of each row into, and out of, the padded buffer) at full size under FakeTensorMode."""
+    model, plan, graph, layer = _fp8_moe_layer()
+    pad, unpad = (next(op for op in layer.ops if op.name == name) for name in ("experts fp8 pad", "experts fp8 unpad"))
+    experts, h = model.moe.experts // plan.ep, model.hidden
+    rows = experts * (plan.seq_len * model.moe.top_k // experts)  # routed rows a rank computes at the mean load
+    load = graph.routing.hot_rank_factor
+    with FakeTensorMode():
+        tokens = torch.empty(rows, h, dtype=torch.bfloat16)
+        probs = torch.empty(rows, 1)
+        where = torch.arange(rows)  # each row's source (the few rows of padding aside)
+        with AtenBytes() as pad_fwd:
+            tokens.index_select(0, where), probs.index_select(0, where)
+        with AtenBytes() as unpad_fwd:
+            tokens.index_select(0, where)
+    index_bytes = 8 * rows  # the emulation's int64 row indices; TE's kernels take per-expert splits
+    assert pad.bytes == pytest.approx(load * (pad_fwd.total - 2 * index_bytes), rel=0.01)
+    assert unpad.bytes == pytest.approx(load * (unpad_fwd.total - index_bytes), rel=0.01)
+    assert (pad.bwd_bytes, unpad.bwd_bytes) == (pad.bytes, unpad.bytes)  # the same copies, reversed
+
+
+def test_fp8_expert_padding_is_skipped_where_the_counts_come_padded():
+    """The router's padding (`moe_router_padding_for_quantization`) or HybridEP's padded dispatch leave
+    Transformer Engine nothing to copy; the router's padding moves the dispatcher's wait before the
+    permute ("before_permutation_1"), since the counts now size it. BF16 never pads."""
+
+    def padded(layer) -> bool:
+        return any(op.name in ("experts fp8 pad", "experts fp8 unpad") for op in layer.ops)
+
+    assert padded(_fp8_moe_layer()[3])
+    router = _fp8_moe_layer(moe_router_padding=True)[3]
+    assert not padded(router)
+    assert [op.name for op in router.ops if op.host_sync] == ["permute"]
+    assert not any(c.host_sync for c in router.comms)
+    assert not padded(_fp8_moe_layer(ep_dispatch="hybridep")[3])
+    model = load_model("qwen3-30b-a3b")
+    bf16 = make_plan(model, make_cluster("H100", 16), ep=16, global_batch=64, seq_len=4096)
+    assert not padded(next(g for k, g in build_stage_graph(model, bf16).layers.items() if k.mlp == "moe"))
+    est = {
+        pad: shardscope.estimate(
+            "qwen3-30b-a3b", gpu="H100", gpus=16, ep=16, global_batch=64, precision="fp8", moe_router_padding=pad
+        )
+        for pad in (False, True)
+    }
+    assert est[False].step_time_s > est[True].step_time_s
+
+
 def test_gpt_oss_glu_clamp_matches_pytorch():
     """GPT-OSS clamps gate and up (`swiglu_limit` 7) in eager PyTorch before Megatron-Core's fused GLU:
     the graph's clamp op has the bytes and kernels of those ATen ops forward and backward, and the copy

@@ -78,6 +78,10 @@ FusedActivation = Annotated[
     bool,
     typer.Option(help="Megatron-Core fused SwiGLU: keeps only its input (default: unfused, as torchtitan / HF)"),
 ]
+MoeRouterPadding = Annotated[
+    bool,
+    typer.Option(help="FP8 MoE: the router pads expert counts to the FP8 alignment (Megatron default: TE pads rows)"),
+]
 FusedCrossEntropy = Annotated[
     bool,
     typer.Option(help="fused cross-entropy kernel: no fp32 copy of the logits (default: unfused, fp32 upcast)"),
@@ -107,7 +111,7 @@ PLAN_OPTIONS = (
     "precision", "fp8_recipe", "fp8_all_gather", "attention_kernel", "tp_comm_overlap", "ep", "etp",
     "moe_skew", "moe_imbalance", "capacity_factor", "mtp", "ep_comm_overlap", "ep_dispatch", "fsdp_prefetch",
     "cuda_graphs", "fused_activation", "fused_cross_entropy", "offload_optimizer", "offload_activations",
-    "optimizer_moments", "main_grads", "overlap_grad_reduce",
+    "optimizer_moments", "main_grads", "overlap_grad_reduce", "moe_router_padding",
 )  # fmt: skip
 
 
@@ -163,6 +167,7 @@ def estimate(
     moe_skew: MoeSkew = 0.0,
     moe_imbalance: MoeImbalance = 1.0,
     capacity_factor: CapacityFactor = 0.0,
+    moe_router_padding: MoeRouterPadding = False,
     mtp: Mtp = False,
     ep_comm_overlap: EpCommOverlap = False,
     ep_dispatch: EpDispatch = "flat",
@@ -315,6 +320,7 @@ def budget(
     moe_skew: MoeSkew = 0.0,
     moe_imbalance: MoeImbalance = 1.0,
     capacity_factor: CapacityFactor = 0.0,
+    moe_router_padding: MoeRouterPadding = False,
     mtp: Mtp = False,
     ep_comm_overlap: EpCommOverlap = False,
     ep_dispatch: EpDispatch = "flat",

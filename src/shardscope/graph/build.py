@@ -167,6 +167,7 @@ GRAPH_FIELDS = (
     "ep_dispatch",
     "cuda_graphs",
     "fused_activation",
+    "moe_router_padding",
     "fused_cross_entropy",
 )
 _GRAPH_CACHE: dict[tuple, StageGraph] = {}

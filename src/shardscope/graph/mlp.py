@@ -10,6 +10,7 @@ it sets the layer's time and activation peak (see `costs.routing`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from shardscope.graph.common import (
@@ -176,10 +177,14 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     # ("before_finish" with EP 1: before the experts); DeepEP and HybridEP wait inside the dispatch call,
     # once the counts are exchanged, and permute the received tokens after it (core_v0.15-0.18
     # token_dispatcher.py). Each collective names the op it is issued `after`.
+    # With `moe_router_padding` the counts set the all-to-all dispatcher's permute output size too: it waits
+    # before the permute ("before_permutation_1").
     dropless = plan.capacity_factor == 0
     flex = plan.ep_dispatch != "flat"
+    waits_to_permute = dropless and sh.fp8 and plan.moe_router_padding and not flex
+    waits_to_dispatch = dropless and not waits_to_permute
     moved = BF16 * tm * h + perm
-    permute = Op("permute", "memory", bytes=moved, bwd_bytes=moved, scope="moe_preprocess")
+    permute = Op("permute", "memory", bytes=moved, bwd_bytes=moved, scope="moe_preprocess", host_sync=waits_to_permute)
     ops.append(permute)
     dispatch = load * perm
     sent_after = "router top-k" if flex else permute.name
@@ -205,7 +210,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
 
     if plan.ep > 1:
         comms += [
-            a2a("dispatch", "fwd", "bwd_mlp", sent_after, sync=dropless),
+            a2a("dispatch", "fwd", "bwd_mlp", sent_after, sync=waits_to_dispatch),
             a2a("dispatch", "bwd", "fwd_mlp"),
         ]
         if plan.ep_dispatch == "flat":
@@ -227,7 +232,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
             routing_map = tm * moe.experts * plan.ep
             comms.append(beside_dispatch("ep routing-map all-gather", "all_gather", routing_map, "fwd", "router top-k"))
     if plan.etp > 1:
-        gather_sync = dropless and plan.ep == 1
+        gather_sync = waits_to_dispatch and plan.ep == 1
         comms += [
             Collective(
                 "etp all-gather tokens",
@@ -261,7 +266,35 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
         act_module="moe_act",
         fused=plan.fused_activation,
     )
-    if dropless and plan.ep == 1 and plan.etp == 1:  # no collective to wait before: the expert loop waits
+    # Counts not aligned to the FP8 GEMM's rows (TE `get_align_size_for_quantization`: 32 for MXFP8, else
+    # 16), by the router's padding, HybridEP's padded dispatch (`pad_multiple`, core_v0.16-0.18
+    # `_HybridEPManager.dispatch`) or a drop-and-pad capacity (capacity x etp x ep rows per local expert,
+    # `get_capacity`): Transformer Engine's Fp8Padding copies the expert input (and the routing weights)
+    # into rows padded per expert, and Fp8Unpadding copies the output back (Megatron-Core
+    # TEGroupedMLP.forward, core_v0.15-0.18; TE module/fp8_padding.py): a read and a write of every routed
+    # row each, and the reverse copies of the gradients in backward.
+    align = 32 if plan.fp8_recipe == "mxfp8" else 16
+    capacity_rows = math.ceil(tm * moe.top_k / moe.experts * plan.capacity_factor) * plan.etp * plan.ep
+    aligned = (
+        plan.moe_router_padding
+        or flex
+        and plan.ep_dispatch == "hybridep"
+        or (not dropless and capacity_rows % align == 0)
+    )
+    te_pads = sh.fp8 and not aligned
+    if te_pads:
+        pad = 2 * BF16 * routed * h
+        e_ops.insert(
+            0,
+            Op(
+                "experts fp8 pad",
+                "memory",
+                bytes=pad + 2 * FP32 * routed,
+                bwd_bytes=pad + 2 * FP32 * routed,
+                launches=2,
+            ),
+        )
+    if waits_to_dispatch and plan.ep == 1 and plan.etp == 1:  # no collective to wait before: the expert loop waits
         e_ops[0] = replace(e_ops[0], host_sync=True)
     ops += e_ops
     saved += e_saved
@@ -282,6 +315,9 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
                 launches=2 * local_experts + 2,
             )
         )
+    if te_pads:
+        pad = 2 * BF16 * routed * h
+        ops.append(Op("experts fp8 unpad", "memory", bytes=pad, bwd_bytes=pad))
     if plan.fused_activation:  # Megatron-Core weights each row inside the activation (it keeps the weights)
         saved.append(Saved("expert routing weights", FP32 * routed, NOT_FULL))
     else:  # the weighted sum after the un-permute keeps the expert outputs for the weights' gradient

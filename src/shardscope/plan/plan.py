@@ -68,6 +68,9 @@ class Plan:
     moe_imbalance: float = 1.0  # extra factor on the hottest EP rank's tokens
     moe_skew: float = 0.0  # Zipf exponent of expert popularity (0 = balanced)
     capacity_factor: float = 0.0  # 0 = dropless
+    # FP8 MoE: the router pads each expert's token count to the FP8 GEMM's row alignment (Megatron-Core
+    # `moe_router_padding_for_quantization`, default off); off, Transformer Engine pads and un-pads the rows
+    moe_router_padding: bool = False
     mtp: bool = False  # train the model's multi-token-prediction modules
     ep_comm_overlap: bool = False  # hide EP all-to-alls under another micro-batch's compute
     fsdp_prefetch: int = 1  # FSDP layers gathered ahead of the one computing (forward and backward)
@@ -382,6 +385,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         raise ShardscopeError(f"--fsdp-prefetch must be >= 0, got {plan.fsdp_prefetch}")
     if plan.ep_dispatch not in EP_DISPATCHERS:
         raise ShardscopeError(f"--ep-dispatch must be one of {', '.join(EP_DISPATCHERS)}, got {plan.ep_dispatch!r}")
+    if plan.moe_router_padding and (model.moe is None or plan.precision != "fp8"):
+        raise ShardscopeError("--moe-router-padding pads an MoE router's counts for FP8: it needs --precision fp8")
     if plan.moe_imbalance < 1 or plan.moe_skew < 0 or plan.capacity_factor < 0:
         raise ShardscopeError("--moe-imbalance must be >= 1, --moe-skew and --capacity-factor >= 0")
     if plan.optimizer_moments not in MOMENT_BYTES:

@@ -352,6 +352,7 @@ def _megatron(model: ModelSpec, plan: Plan) -> tuple[list[str], list[str]]:
         flex = plan.ep_dispatch != "flat"
         args += ["--moe-token-dispatcher-type", "flex" if flex else "alltoall"]
         args += ["--moe-flex-dispatcher-backend", plan.ep_dispatch] if flex else []
+        args += ["--moe-router-padding-for-quantization"] if plan.moe_router_padding else []
     if plan.sp:
         args.append("--sequence-parallel")
     if plan.fsdp or plan.zero == 3:

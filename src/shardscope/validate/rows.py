@@ -316,6 +316,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             causal_block_skip=row.get("source") != "MOSAICML_LLMFOUNDRY",
             ep=_int(row, "ep", 1),
             capacity_factor=settings.get("capacity_factor", 0.0),
+            moe_router_padding=bool(settings.get("moe_router_padding")) and precision == "fp8",
             optimizer_moments=settings.get("optimizer_moments", "fp32"),
             main_grads=settings.get("main_grads", "fp32"),
             offload_optimizer=bool(settings.get("offload_optimizer")),
