@@ -28,7 +28,7 @@ from shardscope.plan.plan import make_plan
 torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
-from torch_reference import AtenBytes, MLAAttention, bf16_module, saved_activation_bytes  # noqa: E402
+from torch_reference import AtenBytes, ElementwiseBytes, MLAAttention, bf16_module, saved_activation_bytes  # noqa: E402
 
 
 def _graph(name, gpus=8, **kw):
@@ -203,6 +203,56 @@ def test_fp8_expert_padding_is_skipped_where_the_counts_come_padded():
         for pad in (False, True)
     }
     assert est[False].step_time_s > est[True].step_time_s
+
+
+class _AtenOps(ElementwiseBytes):
+    """`ElementwiseBytes` that also counts the kernels (non-view ATen ops)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        self.kernels += name not in self.FREE and name not in self.KERNELS
+        self.kernels += name == "slice_backward"  # zeros, then the copy
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def _megatron_rope(t: torch.Tensor, freqs: torch.Tensor, mscale: float) -> torch.Tensor:
+    """Megatron-Core's unfused RoPE (`_apply_rotary_pos_emb_bshd`, core_v0.16.0), written out."""
+    rot = freqs.shape[-1]
+    t, t_pass = t[..., :rot], t[..., rot:]
+    cos, sin = ((f(freqs) * mscale).to(t.dtype) for f in (torch.cos, torch.sin))
+    x1, x2 = torch.chunk(t, 2, dim=-1)
+    return torch.cat(((t * cos) + (torch.cat((-x2, x1), dim=-1) * sin), t_pass), dim=-1)
+
+
+def test_unfused_yarn_rope_matches_pytorch():
+    """GPT-OSS's YaRN RoPE runs unfused (Megatron-Bridge fuses plain "rope" only): the graph's rope op
+    moves the bytes and runs the kernels of Megatron-Core's eager path on q and k, forward and backward,
+    at full size under FakeTensorMode. Plain RoPE stays one fused kernel."""
+    model = load_model("gpt-oss-120b")
+    plan = make_plan(model, make_cluster("B200", 64), ep=8, global_batch=128, micro_batch=2, seq_len=4096)
+    layer = next(iter(build_stage_graph(model, plan).layers.values()))
+    rope = next(op for op in layer.ops if op.name.startswith("rope"))
+    fwd, bwd = _AtenOps(), _AtenOps()
+    s, b, hd = plan.seq_len, plan.micro_batch, model.head_dim
+    with FakeTensorMode():
+        freqs = torch.empty(s, 1, 1, hd)
+        for heads in (model.heads, model.kv_heads):
+            x = torch.empty(s, b, heads, hd, dtype=torch.bfloat16, requires_grad=True)
+            with fwd:
+                y = _megatron_rope(x, freqs, 1.35)
+            grad = torch.empty_like(y)
+            with bwd:
+                y.backward(grad)
+    assert rope.bytes == pytest.approx(fwd.total, rel=0.01)
+    assert rope.bwd_bytes == pytest.approx(bwd.total, rel=0.01)
+    assert (rope.launches, rope.bwd_launches) == (fwd.kernels, bwd.kernels)
+    llama = load_model("llama3-8b")
+    dense = build_stage_graph(llama, make_plan(llama, make_cluster("H100", 8), global_batch=8))
+    assert [op.launches for op in next(iter(dense.layers.values())).ops if op.name.startswith("rope")] == [1]
 
 
 def test_gpt_oss_glu_clamp_matches_pytorch():
@@ -505,8 +555,8 @@ def test_ep_overlap_pairs_each_all_to_all_with_one_block():
     from shardscope.costs.efficiency import EP_OVERLAP_FRACTION
 
     m = load_model("gpt-oss-120b")
-    cluster = make_cluster("H100", 64)  # EP 64 over 8 nodes: the all-to-alls cross InfiniBand
-    kw = dict(global_batch=512, seq_len=4096, ep=64)  # 8 micro-batches: 7 of each direction paired
+    cluster = make_cluster("H100", 128)  # EP 128 over 16 nodes: the all-to-alls cross InfiniBand
+    kw = dict(global_batch=1024, seq_len=4096, ep=128)  # 8 micro-batches: 7 of each direction paired
     plan = make_plan(m, cluster, ep_comm_overlap=True, **kw)
     graph = build_stage_graph(m, plan)
     layer = graph.layers[graph.kinds[0]]
@@ -527,8 +577,8 @@ def test_ep_overlap_pairs_each_all_to_all_with_one_block():
     cost = sc.layers[graph.kinds[0]]
     assert cost.fwd.exposed_s == pytest.approx(exposed["fwd"])
     assert cost.bwd.exposed_s == pytest.approx(exposed["bwd"])
-    no_overlap = shardscope.estimate("gpt-oss-120b", gpu="H100", gpus=64, **kw)
-    overlap = shardscope.estimate("gpt-oss-120b", gpu="H100", gpus=64, ep_comm_overlap=True, **kw)
+    no_overlap = shardscope.estimate("gpt-oss-120b", gpu="H100", gpus=128, **kw)
+    overlap = shardscope.estimate("gpt-oss-120b", gpu="H100", gpus=128, ep_comm_overlap=True, **kw)
     assert overlap.step_time_s < no_overlap.step_time_s
 
 

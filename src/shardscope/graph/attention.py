@@ -29,6 +29,27 @@ from shardscope.models.spec import LayerKind, ModelSpec
 from shardscope.plan.plan import Plan
 
 
+def _unfused_rope(t: int, plan: Plan, width: int, head_dim: int) -> Op:
+    """YaRN RoPE on q and k in eager PyTorch: Megatron-Bridge turns RoPE fusion off for any position
+    embedding but plain "rope" (utils/fusions.py `validate_rope_fusion_compatibility`, v0.2-0.6), so
+    Megatron-Core's `_apply_rotary_pos_emb_bshd` runs per tensor: cos and sin of the frequencies scaled by
+    mscale and cast (6 kernels on seq x head_dim fp32 values, 44 bytes each), t * cos + rotate_half(t) *
+    sin and the concatenation with the unrotated part (6 kernels, 24 bytes per bf16 value). Backward: 28
+    bytes per value in 8 kernels (the slice's backward fills zeros first). Measured against the ATen ops
+    (`test_unfused_yarn_rope_matches_pytorch`)."""
+    values = t * width
+    freqs = 2 * 44 * (t // plan.micro_batch) * head_dim  # q and k each take cos and sin anew
+    return Op(
+        "rope (unfused, YaRN)",
+        "memory",
+        bytes=24 * values + freqs,
+        bwd_bytes=28 * values,
+        cheap=True,
+        launches=2 * 12,
+        bwd_launches=2 * 8,
+    )
+
+
 def core_attention(model: ModelSpec, plan: Plan, kind: LayerKind, nh: int, qk_hd: int, v_hd: int) -> tuple[list, list]:
     """Flash attention over this GPU's queries: QK^T (2·qk_hd) and PV (2·v_hd) FLOPs per query-key
     pair and head, over the keys each query sees (causal, window or chunk; CP ranks split the work
@@ -142,7 +163,9 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
             qk_op, qk_saved, qk_comms = qk_norm("q/k norm", model, plan, (t, t), (nh, kvh))
             ops.append(qk_op)
             saved += qk_saved
-        if model.position == "rope":
+        if model.position == "rope" and model.rope_type == "yarn":
+            ops.append(_unfused_rope(t, plan, q_w + k_w, hd))
+        elif model.position == "rope":
             qk = BF16 * t * (q_w + k_w)
             ops.append(Op("rope", "memory", bytes=2 * qk, bwd_bytes=2 * qk, cheap=True))
         fp8_inputs = t * (h + q_w)

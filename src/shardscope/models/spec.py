@@ -173,6 +173,12 @@ class ModelSpec(Memoised):
 
     # ----- attention ------------------------------------------------------------------------------
     @property
+    def rope_type(self) -> str:
+        """The config's RoPE scaling kind ("llama3", "yarn"; "" for plain RoPE or none)."""
+        scaling = dict(self.rope_scaling)
+        return str(scaling.get("rope_type", scaling.get("type", "")))
+
+    @property
     def q_dim(self) -> int:
         """Width of the attention output (heads x value head dim)."""
         return self.heads * (self.mla.v_head_dim if self.mla else self.head_dim)

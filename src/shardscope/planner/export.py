@@ -251,8 +251,7 @@ def _megatron_position(model: ModelSpec) -> list[str]:
         return ["--position-embedding-type", "learned_absolute"]
     if model.position != "rope":
         return ["--position-embedding-type", "none"]
-    scaling = dict(model.rope_scaling)
-    kind = scaling.get("rope_type", scaling.get("type"))
+    scaling, kind = dict(model.rope_scaling), model.rope_type
     yarn_rope = kind == "yarn" and not model.mla  # MLA keeps rope: its attention applies YaRN itself
     args = ["--position-embedding-type", "yarn" if yarn_rope else "rope"]
     args += ["--rotary-base", str(round(model.rope_theta))]  # an int flag
