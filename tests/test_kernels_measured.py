@@ -123,17 +123,15 @@ def _attention_ratio(figure: tuple, backward: bool) -> float:
     return seconds * clock_ratio(load_gpu(gpu_name)) * 1e3 / (bwd_ms if backward else fwd_ms)
 
 
-def _short_window_forward(figure: tuple, backward: bool) -> bool:
-    return figure[7] == 128 and not backward
-
-
 def test_attention_matches_cudnn_training_benchmarks():
-    """30 cuDNN kernel times (causal, full and windowed; head dims 64-192; Hopper and Blackwell) each
+    """32 cuDNN kernel times (causal, full and windowed; head dims 64-192; Hopper and Blackwell) each
     within 25% at boost clock and within 5% on average (geometric): the FA3-class fractions, the
-    key-loop length curve and the head-dim scale were set from the FlashAttention papers, not from these
-    figures. The 128-token window's forward is the exception (next test)."""
-    ratios = [_attention_ratio(f, bwd) for f in SDPA for bwd in (False, True) if not _short_window_forward(f, bwd)]
-    assert len(ratios) == 30
+    key-loop length curve and the head-dim scale were set from the FlashAttention papers, and
+    Blackwell's head dim 64 from cuDNN's own earlier GB200 run (cuDNN 9.19, a 1024-token window:
+    `BLACKWELL_HEAD_DIM_64`), not from these figures. Before that point the 128-token window's forward on
+    GB200 was priced at 0.63-0.64 of its measured time."""
+    ratios = [_attention_ratio(f, bwd) for f in SDPA for bwd in (False, True)]
+    assert len(ratios) == 32
     assert all(0.75 < r < 1.25 for r in ratios), [round(r, 2) for r in ratios]
     assert _geomean(ratios) == pytest.approx(1.0, abs=0.05)
 
@@ -162,12 +160,20 @@ def test_sdpa_flash_attention_2_against_cudnn_on_hopper_as_measured():
         assert 1.7 <= times["fa2"] / times["cudnn"] <= 2.3, (b, s, heads, causal, times)
 
 
-@pytest.mark.xfail(strict=True, reason="a 128-key loop's forward is priced 36% faster than cuDNN runs it")
-def test_short_window_forward_matches_cudnn():
-    """GPT-OSS's 128-token sliding window, forward, on GB200: the model's loop-length curve s/(s + 512)
-    prices the 2-tile key loop at 0.63-0.65 of cuDNN's measured time at boost clock (its backward, which
-    loops over query tiles per key tile, is within 7%). Kept as a known miss, not tuned away."""
-    ratios = [_attention_ratio(f, bwd) for f in SDPA for bwd in (False, True) if _short_window_forward(f, bwd)]
+# GPT-OSS's 128-token window on GB300 (cuDNN 9.22, results/gpt_oss/gb300 at 3929da2), forward and backward
+SDPA_GB300_SHORT_WINDOW = [
+    ("GB300", 2, 4096, 128, 64, 64, True, 128, 0.202, 0.442),
+    ("GB300", 2, 16384, 128, 64, 64, True, 128, 0.790, 1.712),
+]
+
+
+@pytest.mark.xfail(strict=True, reason="GB300's faster exponent does not show at head dim 64 and a 128-key loop")
+def test_short_window_forward_on_gb300_matches_cudnn():
+    """GPT-OSS's 128-token window on GB300: the backward is within 5%, but the forward is priced at 0.68-0.70
+    of cuDNN's measured time. The model gives GB300's forward its measured 1.215x over GB200 at head dim 128
+    (`attention_fwd_scale`); at this shape cuDNN runs only 4% faster on GB300 than on GB200. Kept as a
+    known miss, not tuned away."""
+    ratios = [_attention_ratio(f, bwd) for f in SDPA_GB300_SHORT_WINDOW for bwd in (False, True)]
     assert all(0.75 < r < 1.25 for r in ratios), [round(r, 2) for r in ratios]
 
 

@@ -48,6 +48,11 @@ ATTENTION_FRACTION: dict[tuple[str, str], tuple[float, float]] = {
 # head does fewer FLOPs per byte of Q/K/V tile and per softmax. Interpolated in log2(head dim), held
 # outside [64, 256]; applied to fa3-class kernels, forward and backward.
 FA3_HEAD_DIM_SCALE = ((64, 497 / 648), (128, 1.0), (256, 740 / 648))
+# Blackwell's cuDNN loses more at head dim 64, forward most. cuDNN's own GB200 runs (cudnn-frontend v1.19.0,
+# benchmark/sdpa_benchmark_training/results/gb200_919_only_cudnn, cuDNN 9.19, 2026-02) at the same ~1k-key
+# loop: head dim 64 (GPT-OSS shape, 64/8 heads, 1024-token window, 32k tokens) 632 TFLOPS forward and
+# 660 backward; head dim 128 (Llama 3.1, 64/8 heads, causal 2k) 1042 and 836. Forward, backward.
+BLACKWELL_HEAD_DIM_64 = (632 / 1042, 660 / 836)
 DEFAULT_ATTENTION_KERNEL = {"ampere": "fa2", "hopper": "fa3", "blackwell": "fa3", "cdna3": "fa2"}
 # Flash attention's thread blocks each loop over the keys of one query block; a short loop spends more
 # of its time in the prologue and epilogue. The FA2/FA3 figures hold batch x sequence at 16k tokens, so
@@ -102,10 +107,14 @@ def gemm_fraction(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", gro
     return sustained * tile_fill * wave_fill * depth
 
 
-def head_dim_scale(head_dim: float) -> float:
-    """FA3-class throughput at this head dimension relative to head dim 128 (`FA3_HEAD_DIM_SCALE`)."""
+def head_dim_scale(head_dim: float, arch: str = "hopper", backward: bool = False) -> float:
+    """FA3-class throughput at this head dimension relative to head dim 128 (`FA3_HEAD_DIM_SCALE`; on
+    Blackwell, head dim 64 at cuDNN's measured `BLACKWELL_HEAD_DIM_64`)."""
+    table = FA3_HEAD_DIM_SCALE
+    if arch == "blackwell":
+        table = ((64, BLACKWELL_HEAD_DIM_64[backward]), *FA3_HEAD_DIM_SCALE[1:])
     x = math.log2(head_dim)
-    points = [(math.log2(d), f) for d, f in FA3_HEAD_DIM_SCALE]
+    points = [(math.log2(d), f) for d, f in table]
     if x <= points[0][0]:
         return points[0][1]
     for (x0, f0), (x1, f1) in itertools.pairwise(points):
@@ -121,7 +130,8 @@ def attention_fraction(gpu: GPU, kernel: str, seq_len: int, backward: bool, head
         kernel = DEFAULT_ATTENTION_KERNEL.get(gpu.arch, "fa2") if kernel == "auto" else "fa3"
     fwd, bwd = ATTENTION_FRACTION.get((gpu.arch, kernel), ATTENTION_FRACTION.get((gpu.arch, "fa2"), (0.35, 0.25)))
     length = (seq_len / (seq_len + ATTENTION_S0)) / (ATTENTION_S_REF / (ATTENTION_S_REF + ATTENTION_S0))
-    heads = head_dim_scale(head_dim) if (gpu.arch, kernel) in ATTENTION_FRACTION and kernel == "fa3" else 1.0
+    fa3_class = (gpu.arch, kernel) in ATTENTION_FRACTION and kernel == "fa3"
+    heads = head_dim_scale(head_dim, gpu.arch, backward) if fa3_class else 1.0
     return (bwd if backward else fwd * gpu.attention_fwd_scale) * clock_ratio(gpu) * length * heads
 
 
