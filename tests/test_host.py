@@ -138,6 +138,18 @@ def test_moe_layer_scopes_and_sync():
     assert all(op.scope == "attn" for op in layer.ops[: layer.attn_ops])
 
 
+def test_shared_experts_are_graphed_with_the_router_unless_they_overlap_the_all_to_alls():
+    """Megatron-Core graphs the shared experts with the router scope, unless the EP overlap runs them beside
+    the all-to-alls: then only a graph of the whole MoE layer captures them."""
+    model = load_model("deepseek-v3")
+    for overlap, scope in ((False, "moe_router"), (True, "moe")):
+        plan = make_plan(
+            model, make_cluster("H100", 256), ep=64, pp=4, vpp=2, global_batch=512, ep_comm_overlap=overlap
+        )
+        layer = next(g for k, g in build_stage_graph(model, plan).layers.items() if k.mlp == "moe")
+        assert {op.scope for op in layer.ops if op.name.startswith("shared expert")} == {scope}
+
+
 def _syncs(layer) -> list[str]:
     waits = [f"op {op.name}" for op in layer.ops if op.host_sync]
     return waits + [f"{c.name} after {c.after}" for c in layer.comms if c.host_sync]

@@ -150,7 +150,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
             modules=("moe", "shared_experts"),
             fused=plan.fused_activation,
         )
-        ops += s_ops if plan.ep_comm_overlap else scoped(s_ops, "moe_router")
+        ops += scoped(s_ops, "moe" if plan.ep_comm_overlap else "moe_router")
         saved += s_saved
         comms += tp_collectives(plan, "shared expert", BF16 * t * h)
     # Everything from the router to the un-permute belongs to Megatron's "moe" recompute module.
