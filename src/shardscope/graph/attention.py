@@ -163,11 +163,10 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
             qk_op, qk_saved, qk_comms = qk_norm("q/k norm", model, plan, (t, t), (nh, kvh))
             ops.append(qk_op)
             saved += qk_saved
-        if model.position == "rope" and model.rope_type == "yarn":
-            ops.append(_unfused_rope(t, plan, q_w + k_w, hd))
-        elif model.position == "rope":
+        if model.position == "rope":
             qk = BF16 * t * (q_w + k_w)
-            ops.append(Op("rope", "memory", bytes=2 * qk, bwd_bytes=2 * qk, cheap=True))
+            fused = Op("rope", "memory", bytes=2 * qk, bwd_bytes=2 * qk, cheap=True)
+            ops.append(_unfused_rope(t, plan, q_w + k_w, hd) if model.rope_type == "yarn" else fused)
         fp8_inputs = t * (h + q_w)
         fp8_grads = t * (q_w + k_w + v_w + h)
         kv_ring, a2a_w = k_w + v_w, 2 * q_w + k_w + v_w

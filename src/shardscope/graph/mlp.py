@@ -275,15 +275,10 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     # row each, and the reverse copies of the gradients in backward.
     align = 32 if plan.fp8_recipe == "mxfp8" else 16
     capacity_rows = math.ceil(tm * moe.top_k / moe.experts * plan.capacity_factor) * plan.etp * plan.ep
-    aligned = (
-        plan.moe_router_padding
-        or flex
-        and plan.ep_dispatch == "hybridep"
-        or (not dropless and capacity_rows % align == 0)
-    )
+    aligned = plan.moe_router_padding or plan.ep_dispatch == "hybridep" or (not dropless and capacity_rows % align == 0)
     te_pads = sh.fp8 and not aligned
+    pad = 2 * BF16 * routed * h  # a read and a write of every routed row
     if te_pads:
-        pad = 2 * BF16 * routed * h
         e_ops.insert(
             0,
             Op(
@@ -316,7 +311,6 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
             )
         )
     if te_pads:
-        pad = 2 * BF16 * routed * h
         ops.append(Op("experts fp8 unpad", "memory", bytes=pad, bwd_bytes=pad))
     if plan.fused_activation:  # Megatron-Core weights each row inside the activation (it keeps the weights)
         saved.append(Saved("expert routing weights", FP32 * routed, NOT_FULL))
