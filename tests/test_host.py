@@ -174,6 +174,26 @@ def test_dropless_dispatchers_wait_once_where_megatron_core_does():
     assert _syncs(_moe_layer(capacity_factor=1.0)[1]) == []
 
 
+def test_gpt_oss_fused_quick_geglu_waits_for_the_gpu():
+    """Megatron-Core's fused weighted quick-GEGLU (GPT-OSS experts, `weighted_bias_quick_geglu_impl`,
+    fused_bias_geglu.py:434 in core_v0.15-0.19) builds its linear offset with `torch.tensor(offset,
+    device=input.device)`: a copy from pageable host memory that synchronises the stream (PyTorch issues
+    #120996, #190217). So the host waits again between the two expert GEMMs, in forward and in a recompute
+    of `moe_act`; not with SwiGLU, nor in the unfused GLU (plain `x_linear + offset`)."""
+    model = load_model("gpt-oss-120b")
+    assert model.glu_gate == "quick_gelu"
+    cluster = make_cluster("B200", 64)
+    fused = make_plan(model, cluster, ep=8, global_batch=64, seq_len=4096, fused_activation=True)
+    layers = build_stage_graph(model, fused, cluster.gpu.arch).layers
+    layer = next(g for k, g in layers.items() if k.mlp == "moe")
+    assert _syncs(layer) == ["op experts swiglu", "ep dispatch all-to-all after permute"]
+    unfused = replace(fused, fused_activation=False)
+    layer = next(g for k, g in build_stage_graph(model, unfused, cluster.gpu.arch).layers.items() if k.mlp == "moe")
+    assert _syncs(layer) == ["ep dispatch all-to-all after permute"]
+    _, qwen = _moe_layer(fused_activation=True)
+    assert _syncs(qwen) == ["ep dispatch all-to-all after permute"]
+
+
 @pytest.mark.parametrize(
     ("model", "graphs", "warned"),
     [

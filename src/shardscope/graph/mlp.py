@@ -63,7 +63,10 @@ def _ffn(
 ):
     """Gate/up GEMM, activation, down GEMM on `tokens` rows of width `ffn` (already TP/ETP-split), all
     tagged with the Megatron recompute `modules` that re-run them (and the activation with `act_module`).
-    `fused`: Megatron's SwiGLUFunction keeps only its input and recomputes silu(gate) in backward."""
+    `fused`: Megatron's SwiGLUFunction keeps only its input and recomputes silu(gate) in backward. Its
+    weighted quick-GEGLU (GPT-OSS experts) makes its linear offset a GPU tensor with `torch.tensor(offset,
+    device=...)` first (`weighted_bias_quick_geglu_impl`, core_v0.15-0.19): a pageable host-to-device copy,
+    which waits for the stream (PyTorch issue #120996), so the host waits before the activation."""
     h = model.hidden
     ops: list[Op] = []
     saved: list[Saved] = []
@@ -71,7 +74,14 @@ def _ffn(
     if model.mlp == "swiglu":
         ops.append(gemm(f"{pre}gate/up proj", tokens, 2 * ffn, h, fp8, groups))
         ops.append(
-            Op(f"{pre}swiglu", "memory", bytes=3 * BF16 * tokens * ffn, bwd_bytes=5 * BF16 * tokens * ffn, cheap=True)
+            Op(
+                f"{pre}swiglu",
+                "memory",
+                bytes=3 * BF16 * tokens * ffn,
+                bwd_bytes=5 * BF16 * tokens * ffn,
+                cheap=True,
+                host_sync=fused and bool(act_module) and model.glu_gate == "quick_gelu",  # weighted (experts)
+            )
         )
         saved += [
             Saved(f"{pre}gate, up", 2 * BF16 * tokens * ffn, NOT_FULL),
