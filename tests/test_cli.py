@@ -84,6 +84,7 @@ def test_estimate_that_does_not_fit_points_to_the_plan_search():
         (("validate", "/nonexistent.csv"), "not found"),
         (("estimate", "llama3.1-8b", "--main-grads", "fp8"), "--main-grads must be fp32 or bf16"),
         (("estimate", "llama3.1-8b", "--cuda-graphs", "attn,layers"), "unknown layers; choose none or from attn, mlp"),
+        (("estimate", "qwen3-30b-a3b", "--ep", "8", "--no-pad-to-capacity"), "needs --capacity-factor > 0"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, needle):

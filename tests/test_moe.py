@@ -407,6 +407,35 @@ def test_capacity_pads_every_expert():
         assert (g.routing.dropped_fraction > 0) == (skew > 0)
 
 
+def test_unpadded_capacity_runs_the_kept_tokens_and_waits():
+    """Without `moe_pad_expert_input_to_capacity` Megatron-Core drops the tokens over capacity but runs
+    only those kept: its all-to-all dispatcher sums the kept counts on the host first, waiting before the
+    permute ("before_permutation_1", core_v0.15 token_dispatcher.py). The busiest rank runs what its
+    experts keep: the dropless load with each expert capped; the drops are those of drop-and-pad; the
+    Megatron export omits the pad."""
+    from shardscope.planner.export import to_megatron
+
+    for skew in (0.0, 1.0):
+        kw = dict(gpus=8, ep=8, capacity_factor=1.25, moe_skew=skew)
+        m, padded_plan, padded = _graph("qwen3-30b-a3b", **kw)
+        _, plan, g = _graph("qwen3-30b-a3b", pad_to_capacity=False, **kw)
+        _, _, dropless = _graph("qwen3-30b-a3b", gpus=8, ep=8, moe_skew=skew)
+        hot, dropped = g.routing.hot_rank_factor, g.routing.dropped_fraction
+        assert dropped == pytest.approx(padded.routing.dropped_fraction)
+        assert 1 - dropped <= hot <= min(dropless.routing.hot_rank_factor, 1.25)  # the mean kept, the caps
+        if skew == 0:  # balanced: no expert reaches its capacity, nothing dropped
+            assert hot == pytest.approx(dropless.routing.hot_rank_factor) and dropped == 0
+        layer, padded_layer = g.layers[LayerKind("full", "moe")], padded.layers[LayerKind("full", "moe")]
+        assert [op.name for op in layer.ops if op.host_sync] == ["permute"]
+        assert not any(op.host_sync for op in padded_layer.ops) and not any(c.host_sync for c in padded_layer.comms)
+        up = next(op for op in layer.ops if op.name == "experts gate/up proj")
+        tokens = plan.micro_batch * plan.seq_len
+        assert up.mnk[0] == pytest.approx(g.routing.hot_rank_factor * tokens * m.moe.top_k, rel=1e-3)
+    args = to_megatron(m, plan)
+    assert "--moe-expert-capacity-factor" in args and "--moe-pad-expert-input-to-capacity" not in args
+    assert "--moe-pad-expert-input-to-capacity" in to_megatron(m, padded_plan)
+
+
 def _brute_bin_hit(experts: int, k: int, groups: int, per_token: int, bins: int) -> float:
     """Enumerate every group choice and every k-subset of their experts: the fraction hitting bin 0."""
     from itertools import combinations

@@ -65,7 +65,11 @@ Ep = Annotated[int, typer.Option(help="expert-parallel degree (carved out of dpÂ
 Etp = Annotated[int, typer.Option(help="expert tensor-parallel degree")]
 MoeSkew = Annotated[float, typer.Option(help="Zipf exponent of expert popularity (0 = balanced)")]
 MoeImbalance = Annotated[float, typer.Option(help="extra load factor on the hottest EP rank (dropless)")]
-CapacityFactor = Annotated[float, typer.Option(help="expert capacity factor, experts padded to it (0 = dropless)")]
+CapacityFactor = Annotated[float, typer.Option(help="expert capacity factor: tokens over it dropped (0 = dropless)")]
+PadToCapacity = Annotated[
+    bool,
+    typer.Option(help="with --capacity-factor: pad experts to capacity, no host sync (Megatron drop-and-pad)"),
+]
 Mtp = Annotated[bool, typer.Option(help="train the multi-token-prediction modules (DeepSeek-V3)")]
 EpCommOverlap = Annotated[bool, typer.Option(help="hide EP all-to-alls under another micro-batch")]
 EpDispatch = Annotated[str, typer.Option(help="flat (NCCL all-to-all) | deepep | hybridep (one copy per node)")]
@@ -109,9 +113,9 @@ PLAN_OPTIONS = (
     "tp", "pp", "vpp", "pp_layout", "cp", "cp_kind", "sequence_parallel", "zero", "fsdp", "shard_group",
     "recompute", "recompute_layers", "recompute_modules", "micro_batch", "global_batch", "seq_len",
     "precision", "fp8_recipe", "fp8_all_gather", "attention_kernel", "tp_comm_overlap", "ep", "etp",
-    "moe_skew", "moe_imbalance", "capacity_factor", "mtp", "ep_comm_overlap", "ep_dispatch", "fsdp_prefetch",
-    "cuda_graphs", "fused_activation", "fused_cross_entropy", "offload_optimizer", "offload_activations",
-    "optimizer_moments", "main_grads", "overlap_grad_reduce", "moe_router_padding",
+    "moe_skew", "moe_imbalance", "capacity_factor", "pad_to_capacity", "mtp", "ep_comm_overlap", "ep_dispatch",
+    "fsdp_prefetch", "cuda_graphs", "fused_activation", "fused_cross_entropy", "offload_optimizer",
+    "offload_activations", "optimizer_moments", "main_grads", "overlap_grad_reduce", "moe_router_padding",
 )  # fmt: skip
 
 
@@ -167,6 +171,7 @@ def estimate(
     moe_skew: MoeSkew = 0.0,
     moe_imbalance: MoeImbalance = 1.0,
     capacity_factor: CapacityFactor = 0.0,
+    pad_to_capacity: PadToCapacity = True,
     moe_router_padding: MoeRouterPadding = False,
     mtp: Mtp = False,
     ep_comm_overlap: EpCommOverlap = False,
@@ -320,6 +325,7 @@ def budget(
     moe_skew: MoeSkew = 0.0,
     moe_imbalance: MoeImbalance = 1.0,
     capacity_factor: CapacityFactor = 0.0,
+    pad_to_capacity: PadToCapacity = True,
     moe_router_padding: MoeRouterPadding = False,
     mtp: Mtp = False,
     ep_comm_overlap: EpCommOverlap = False,

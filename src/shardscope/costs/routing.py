@@ -5,10 +5,11 @@ EP rank top_k·tokens/ep. Real routers are skewed: `moe_skew` models expert popu
 p_e ∝ 1/r^α over experts placed on ranks in a seeded random order (contiguous blocks of experts/ep per
 rank, as Megatron places them); `moe_imbalance` sets the hottest rank's factor directly. A capacity
 factor c caps each expert at c·(mean tokens per expert) and drops the rest (Fedus et al. 2021, Switch
-Transformer §2.2); 0 means dropless. Capped experts are padded to their capacity, as static-shape token
-dropping does (GShard's dispatch tensors; Megatron-Core's `moe_pad_expert_input_to_capacity`, which
-Megatron-Bridge's `apply_moe_token_drop` sets and which lets the dispatcher skip the host sync): every
-rank computes and exchanges c times the mean, whatever the routing.
+Transformer §2.2); 0 means dropless. Capped experts are padded to their capacity by default, as
+static-shape token dropping does (GShard's dispatch tensors; Megatron-Core's
+`moe_pad_expert_input_to_capacity`, which Megatron-Bridge's `apply_moe_token_drop` sets and which lets the
+dispatcher skip the host sync): every rank computes and exchanges c times the mean, whatever the routing.
+Unpadded (`pad_to_capacity` off) a rank computes the tokens its experts keep, at most c times the mean.
 
 Even balanced routing is balanced only on average: each micro-batch's tokens draw their experts anew,
 so the ranks' loads scatter around the mean and the busiest rank of each layer sets its time (the
@@ -82,14 +83,20 @@ def routing_load(model: ModelSpec, plan: Plan) -> RoutingLoad:
         return RoutingLoad(1.0, 0.0)
     experts, ep = model.moe.experts, plan.ep
     p = expert_popularity(experts, plan.moe_skew)
-    if plan.capacity_factor > 0:  # padded to capacity: fixed shapes on every rank
+    capped = plan.capacity_factor > 0
+    if capped:  # each expert keeps at most capacity_factor times the mean
         cap = plan.capacity_factor / experts
-        return RoutingLoad(plan.capacity_factor, 1.0 - sum(min(x, cap) for x in p))
+        kept = [min(x, cap) for x in p]
+        if plan.pad_to_capacity:  # padded to capacity: fixed shapes on every rank
+            return RoutingLoad(plan.capacity_factor, 1.0 - sum(kept))
+        p = kept
     per_rank = experts // ep
     rank_share = [sum(p[r * per_rank : (r + 1) * per_rank]) for r in range(ep)]
     routed = plan.micro_batch * plan.seq_len / (plan.cp * plan.tp) * ep  # tokens the EP group routes
     hot = max(rank_share) * ep * (1 + sampling_excess(experts, model.moe.top_k, per_rank, ep, routed))
-    return RoutingLoad(hot * plan.moe_imbalance, 0.0)
+    hot *= plan.moe_imbalance
+    # unpadded, a rank computes the tokens its experts keep: no more than their capacity
+    return RoutingLoad(min(hot, plan.capacity_factor), 1.0 - sum(p)) if capped else RoutingLoad(hot, 0.0)
 
 
 def bin_hit_probability(fanout: TokenFanout, bins: int) -> float:

@@ -162,6 +162,7 @@ GRAPH_FIELDS = (
     "moe_imbalance",
     "moe_skew",
     "capacity_factor",
+    "pad_to_capacity",
     "tp_comm_overlap",
     "ep_comm_overlap",
     "ep_dispatch",

@@ -187,12 +187,14 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     # ("before_finish" with EP 1: before the experts); DeepEP and HybridEP wait inside the dispatch call,
     # once the counts are exchanged, and permute the received tokens after it (core_v0.15-0.18
     # token_dispatcher.py). Each collective names the op it is issued `after`.
-    # With `moe_router_padding` the counts set the all-to-all dispatcher's permute output size too: it waits
-    # before the permute ("before_permutation_1").
-    dropless = plan.capacity_factor == 0
+    # With `moe_router_padding`, or a capacity that drops tokens without padding, the counts set the
+    # all-to-all dispatcher's permute output size too: it waits before the permute ("before_permutation_1").
+    # Only drop-and-pad (`pad_to_capacity`) has fixed shapes and never waits.
+    padded = plan.capacity_factor > 0 and plan.pad_to_capacity
     flex = plan.ep_dispatch != "flat"
-    waits_to_permute = dropless and sh.fp8 and plan.moe_router_padding and not flex
-    waits_to_dispatch = dropless and not waits_to_permute
+    sized = plan.capacity_factor > 0 or (sh.fp8 and plan.moe_router_padding)
+    waits_to_permute = not padded and sized and not flex
+    waits_to_dispatch = not padded and not waits_to_permute
     moved = BF16 * tm * h + perm
     permute = Op("permute", "memory", bytes=moved, bwd_bytes=moved, scope="moe_preprocess", host_sync=waits_to_permute)
     ops.append(permute)
@@ -285,7 +287,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     # row each, and the reverse copies of the gradients in backward.
     align = 32 if plan.fp8_recipe == "mxfp8" else 16
     capacity_rows = math.ceil(tm * moe.top_k / moe.experts * plan.capacity_factor) * plan.etp * plan.ep
-    aligned = plan.moe_router_padding or plan.ep_dispatch == "hybridep" or (not dropless and capacity_rows % align == 0)
+    aligned = plan.moe_router_padding or plan.ep_dispatch == "hybridep" or (padded and capacity_rows % align == 0)
     te_pads = sh.fp8 and not aligned
     pad = 2 * BF16 * routed * h  # a read and a write of every routed row
     if te_pads:

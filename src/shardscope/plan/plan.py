@@ -68,6 +68,9 @@ class Plan:
     moe_imbalance: float = 1.0  # extra factor on the hottest EP rank's tokens
     moe_skew: float = 0.0  # Zipf exponent of expert popularity (0 = balanced)
     capacity_factor: float = 0.0  # 0 = dropless
+    # with a capacity factor: pad every expert's rows to its capacity (Megatron-Core
+    # `moe_pad_expert_input_to_capacity`: fixed shapes, no host sync); off, experts run the tokens they keep
+    pad_to_capacity: bool = True
     # FP8 MoE: the router pads each expert's token count to the FP8 GEMM's row alignment (Megatron-Core
     # `moe_router_padding_for_quantization`, default off); off, Transformer Engine pads and un-pads the rows
     moe_router_padding: bool = False
@@ -260,9 +263,10 @@ def cuda_graph_problem(model: ModelSpec, plan: Plan) -> str | None:
         return f"--cuda-graphs moe and moe_router capture MoE layers; {model.name} has none"
     if "mlp" in graphs and moe_layers == model.layers:
         return f"--cuda-graphs mlp captures dense MLP layers; every layer of {model.name} is MoE"
-    if "moe" in graphs and plan.capacity_factor <= 0:
+    if "moe" in graphs and not (plan.capacity_factor > 0 and plan.pad_to_capacity):
         return (
-            "--cuda-graphs moe needs drop-and-pad routing (--capacity-factor > 0); dropless MoE layers can graph "
+            "--cuda-graphs moe needs drop-and-pad routing (--capacity-factor > 0 with --pad-to-capacity); "
+            "dropless MoE layers and unpadded capacities can graph "
             "moe_router,moe_preprocess, or the whole step with full_iteration"
         )
     if plan.recompute == "full":
@@ -387,6 +391,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         raise ShardscopeError(f"--ep-dispatch must be one of {', '.join(EP_DISPATCHERS)}, got {plan.ep_dispatch!r}")
     if plan.moe_router_padding and (model.moe is None or plan.precision != "fp8"):
         raise ShardscopeError("--moe-router-padding pads an MoE router's counts for FP8: it needs --precision fp8")
+    if not plan.pad_to_capacity and plan.capacity_factor <= 0:
+        raise ShardscopeError("--no-pad-to-capacity applies to token dropping: it needs --capacity-factor > 0")
     if plan.moe_imbalance < 1 or plan.moe_skew < 0 or plan.capacity_factor < 0:
         raise ShardscopeError("--moe-imbalance must be >= 1, --moe-skew and --capacity-factor >= 0")
     if plan.optimizer_moments not in MOMENT_BYTES:

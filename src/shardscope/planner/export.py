@@ -345,8 +345,9 @@ def _megatron(model: ModelSpec, plan: Plan) -> tuple[list[str], list[str]]:
         args += ["--cp-comm-type", "p2p" if plan.cp_kind == "ring" else "a2a"]
     if plan.ep > 1 or plan.etp > 1:
         args += ["--expert-model-parallel-size", str(plan.ep), "--expert-tensor-parallel-size", str(plan.etp)]
-    if model.moe is not None and plan.capacity_factor > 0:  # token dropping, padded as priced
-        args += ["--moe-expert-capacity-factor", f"{plan.capacity_factor:g}", "--moe-pad-expert-input-to-capacity"]
+    if model.moe is not None and plan.capacity_factor > 0:  # token dropping, padded to capacity as priced
+        args += ["--moe-expert-capacity-factor", f"{plan.capacity_factor:g}"]
+        args += ["--moe-pad-expert-input-to-capacity"] if plan.pad_to_capacity else []
     if model.moe is not None:  # the dispatcher the estimate priced
         flex = plan.ep_dispatch != "flat"
         args += ["--moe-token-dispatcher-type", "flex" if flex else "alltoall"]
