@@ -14,6 +14,7 @@ import shardscope
 from shardscope.costs.routing import (
     bin_hit_probability,
     expected_max_normal,
+    expected_pad_rows,
     expert_popularity,
     routing_load,
     sampling_excess,
@@ -203,6 +204,42 @@ def test_fp8_expert_padding_is_skipped_where_the_counts_come_padded():
         for pad in (False, True)
     }
     assert est[False].step_time_s > est[True].step_time_s
+
+
+def test_router_padding_rows_match_megatron_padding_of_random_routing():
+    """Megatron-Core's router padding (`pad_routing_map`, core_v0.16 moe_utils.py) turns the first zeros of
+    each expert's routing-map row into ones until its count is a multiple of the FP8 alignment. Run on
+    force-balanced routing (top-k of random normal logits, as `RandomSTE`), the rows it adds match
+    `expected_pad_rows` for every expert; the graph dispatches and computes them."""
+    tokens, experts, k, align = 4096, 256, 8, 32  # DeepSeek-V3, one GPU's micro-batch, MXFP8
+    gen = torch.Generator().manual_seed(0)
+    added = []
+    for _ in range(24):
+        top = torch.randn(tokens, experts, generator=gen).topk(k, dim=1).indices
+        routing = torch.zeros(tokens, experts, dtype=torch.int64).scatter_(1, top, 1).T  # [experts, tokens]
+        to_pad = (-routing.sum(1)) % align
+        mask = torch.cumsum((routing == 0).int(), dim=1) <= to_pad.unsqueeze(1)
+        padded = routing.clone()
+        padded[mask & (routing == 0)] = 1
+        assert bool((padded.sum(1) % align == 0).all())
+        added.append(float(padded.sum() - routing.sum()))
+    expected = experts * expected_pad_rows(tokens, k / experts, align)
+    assert sum(added) / len(added) == pytest.approx(expected, rel=0.02)
+    model = load_model("deepseek-v3")
+    rows = {}
+    for pad in (False, True):
+        plan = make_plan(
+            model, make_cluster("GB200", 256), ep=64, pp=4, global_batch=256, seq_len=tokens, precision="fp8",
+            fp8_recipe="mxfp8", moe_router_padding=pad,
+        )  # fmt: skip
+        graph = build_stage_graph(model, plan, "blackwell")
+        layer = next(g for kind, g in graph.layers.items() if kind.mlp == "moe")
+        up = next(op for op in layer.ops if op.name == "experts gate/up proj")
+        dispatch = next(c for c in layer.comms if c.name == "ep dispatch all-to-all")
+        rows[pad] = (up.mnk[0], dispatch.bytes)
+    extra = (tokens * k + expected) / (tokens * k)  # the pairs each GPU sends, padded over unpadded
+    assert rows[True][0] == pytest.approx(extra * rows[False][0], rel=1e-3)
+    assert rows[True][1] == pytest.approx(extra * rows[False][1], rel=1e-9)
 
 
 class _AtenOps(ElementwiseBytes):

@@ -78,6 +78,24 @@ def sampling_excess(experts: int, top_k: int, per_rank: int, ep: int, tokens: fl
     return math.sqrt(var / (tokens * mean * mean) / (1 - 1 / ep)) * expected_max_normal(ep)
 
 
+@lru_cache(maxsize=256)
+def expected_pad_rows(tokens: int, share: float, align: int) -> float:
+    """Expected rows that padding one expert's count up to a multiple of `align` adds, E[(-c) mod align],
+    where c ~ Binomial(tokens, share) (each of `tokens` tokens picks the expert with probability `share`,
+    as under force-balanced routing), summed exactly over c within 10 standard deviations of the mean."""
+    if align <= 1 or tokens <= 0 or not 0 < share < 1:
+        return 0.0
+    mean, sd = tokens * share, math.sqrt(tokens * share * (1 - share))
+    lo, hi = max(0, int(mean - 10 * sd)), min(tokens, int(mean + 10 * sd) + 1)
+    log_p, log_q = math.log(share), math.log1p(-share)
+    head = math.lgamma(tokens + 1)
+    total = 0.0
+    for c in range(lo, hi + 1):
+        pmf = math.exp(head - math.lgamma(c + 1) - math.lgamma(tokens - c + 1) + c * log_p + (tokens - c) * log_q)
+        total += pmf * (-c % align)
+    return total
+
+
 def routing_load(model: ModelSpec, plan: Plan) -> RoutingLoad:
     if model.moe is None:
         return RoutingLoad(1.0, 0.0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from shardscope.costs.routing import expected_pad_rows
 from shardscope.graph.common import (
     BF16,
     FP32,
@@ -137,7 +138,15 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     sh = Shapes.of(plan)
     t, t_sp, h = sh.t, sh.t_sp, model.hidden
     tm = t / plan.tp  # tokens this GPU routes (sequence-parallel share)
-    routed = load * tm * moe.top_k  # token-expert pairs the hottest rank computes
+    # FP8 GEMMs take each expert's rows in multiples of `align` (TE `get_align_size_for_quantization`)
+    align = 32 if plan.fp8_recipe == "mxfp8" else 16
+    pairs = tm * moe.top_k  # token-expert pairs this GPU sends
+    if sh.fp8 and plan.moe_router_padding:
+        # Megatron-Core's router padding routes each expert a multiple of `align` of this GPU's tokens by
+        # adding tokens at zero weight (`pad_routing_map`, core_v0.15-0.18): they are dispatched and
+        # computed like the others
+        pairs += moe.experts * expected_pad_rows(round(tm), moe.top_k / moe.experts, align)
+    routed = load * pairs  # token-expert pairs the hottest rank computes
     local_experts = moe.experts // plan.ep
     fe = moe.expert_ffn // plan.etp
 
@@ -180,7 +189,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     )
     saved.append(Saved("router probabilities", FP32 * tm * moe.experts, NOT_FULL))
     ops = scoped(ops, "moe_router")
-    perm = BF16 * tm * moe.top_k * h
+    perm = BF16 * pairs * h
     # A dropless dispatcher sizes its all-to-all splits (or, with EP 1, its expert loop) from the token
     # counts, which it copies to the host: the host waits for the GPU there (`host_sync`), then issues the
     # dispatch. Megatron-Core's all-to-all dispatcher permutes its tokens first and waits "before_ep_alltoall"
@@ -229,7 +238,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
             # Megatron-Core's all-to-all dispatcher first all-gathers every rank's per-expert token counts
             # (int64) for the splits, and sends the routing weights (fp32) by their own all-to-all after the
             # tokens' (backward: their gradients) (`MoEAlltoAllTokenDispatcher.preprocess`/`token_dispatch`).
-            weights = FP32 * load * tm * moe.top_k
+            weights = FP32 * load * pairs
             comms += [
                 beside_dispatch(
                     "ep token-count all-gather", "all_gather", INT64 * moe.experts * plan.ep, "fwd", "router top-k"
@@ -285,7 +294,6 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     # into rows padded per expert, and Fp8Unpadding copies the output back (Megatron-Core
     # TEGroupedMLP.forward, core_v0.15-0.18; TE module/fp8_padding.py): a read and a write of every routed
     # row each, and the reverse copies of the gradients in backward.
-    align = 32 if plan.fp8_recipe == "mxfp8" else 16
     capacity_rows = math.ceil(tm * moe.top_k / moe.experts * plan.capacity_factor) * plan.etp * plan.ep
     aligned = plan.moe_router_padding or plan.ep_dispatch == "hybridep" or (padded and capacity_rows % align == 0)
     te_pads = sh.fp8 and not aligned
