@@ -52,8 +52,9 @@ def _plan(model_name: str, variant: dict, gpu: str = "H100"):
     kw = dict(variant)
     if kw.get("fp8_recipe") == "mxfp8":
         gpu = "B200"
-    if m.moe:  # FP8 variants pad the router's counts
-        kw.update(ep=8, ep_dispatch="deepep", moe_router_padding=kw.get("precision") == "fp8")
+    if m.moe:  # FP8 variants pad the router's counts and fuse DeepEP's routing map
+        fp8 = kw.get("precision") == "fp8"
+        kw.update(ep=8, ep_dispatch="deepep", moe_router_padding=fp8, deepep_fused_routing_map=fp8)
     if m.dit:
         kw.update(pp=1, vpp=1)
     return m, make_plan(m, make_cluster(gpu, 256), global_batch=256, seq_len=4096, **kw)
@@ -226,3 +227,12 @@ def test_sliding_window_is_priced_and_exported_alike(name, window):
     assert keys < plan.seq_len / 2 if window else keys == pytest.approx((plan.seq_len + 1) / 2)
     args = _megatron_values(to_megatron(model, plan))
     assert args.get("--window-size") == (f"({window - 1},0)" if window else None)
+
+
+def test_deepeps_fused_routing_map_is_megatrons_experimental_switch():
+    """Megatron-Core builds DeepEP's routing map with its fused kernel only under `--enable-experimental`
+    (token_dispatcher.py, core_v0.15-0.19): the export turns it on exactly when the plan priced that."""
+    m, plan = _plan("qwen3-30b-a3b", dict(tp=1, precision="fp8"))
+    assert plan.deepep_fused_routing_map and "--enable-experimental" in to_megatron(m, plan)
+    assert "--enable-experimental" not in to_megatron(m, dataclasses.replace(plan, deepep_fused_routing_map=False))
+    assert "--enable-experimental" not in to_megatron(m, dataclasses.replace(plan, ep_dispatch="hybridep"))

@@ -10,7 +10,17 @@ from published_runs import published_case  # tests/ is on the path (conftest)
 
 import shardscope
 from shardscope.analytic.caveats import EAGER_FLAT_MOE
-from shardscope.costs.host import GEMM_CALL_S, LAUNCH_S, TE_MODULE_S, TORCH_GEMM_S, host_stall_s, op_host_s
+from shardscope.costs.compute import group_times_s
+from shardscope.costs.host import (
+    GEMM_CALL_S,
+    LAUNCH_S,
+    TE_MODULE_S,
+    TORCH_GEMM_S,
+    drains,
+    host_stall_s,
+    op_host_s,
+    waits,
+)
 from shardscope.errors import ShardscopeError
 from shardscope.graph.build import build_stage_graph
 from shardscope.graph.ops import Collective, Op
@@ -159,19 +169,68 @@ def test_dropless_dispatchers_wait_once_where_megatron_core_does():
     """The all-to-all dispatcher permutes, then waits for the counts before its all-to-all (after the
     count all-gather); DeepEP waits inside its dispatch call and permutes after it; with EP 1 the expert
     loop waits; drop-and-pad routing never waits. The combine follows the experts (DeepEP: the
-    un-permute)."""
+    un-permute). (DeepEP with its routing map fused; unfused, the map waits again: below.)"""
     _, flat = _moe_layer()
     assert _syncs(flat) == ["ep dispatch all-to-all after permute"]
     after = {c.name: c.after for c in flat.comms if c.phase == "fwd"}
     assert after["ep token-count all-gather"] == "router top-k"
     assert after["ep combine all-to-all"] == "unsort chunks"
-    _, deepep = _moe_layer(ep_dispatch="deepep")
+    _, deepep = _moe_layer(ep_dispatch="deepep", deepep_fused_routing_map=True)
     assert _syncs(deepep) == ["ep dispatch all-to-all after router top-k"]
     assert {c.name: c.after for c in deepep.comms if c.phase == "fwd"}[
         "ep combine all-to-all"
     ] == "unpermute + weighted sum"
     assert _syncs(_moe_layer(ep=1)[1]) == ["op experts gate/up proj"]
     assert _syncs(_moe_layer(capacity_factor=1.0)[1]) == []
+
+
+def test_deepeps_unfused_routing_map_synchronises_the_stream_forward_and_backward():
+    """DeepEP's received tokens carry top-k expert indices (-1 for experts elsewhere). Unless Megatron-Core's
+    experimental fused kernel builds the routing map (`--enable-experimental`, which the DeepSeek recipes set
+    and the Qwen3 ones do not), `_indices_to_multihot` (core_v0.15-0.19 token_dispatcher.py) indexes with
+    boolean masks. PyTorch itself, run on that code: its forward calls `nonzero` and reads sizes back
+    (`item`), and the weights' gradient (IndexBackward0 of the mask) calls `nonzero` again; on CUDA each
+    copies a count to the host and synchronises the stream. So the op waits in both phases, for the whole
+    stream: the queue empties even beside another micro-batch's queued backward (EP overlap)."""
+    torch = pytest.importorskip("torch")
+    tokens, local_experts = 64, 16
+    indices = torch.randint(-1, local_experts, (tokens, 8))
+    probs = torch.rand(tokens, 8, requires_grad=True)
+
+    def indices_to_multihot():
+        mask = indices != -1
+        valid_indices = indices[mask]
+        row_indices = torch.arange(tokens).repeat_interleave(mask.sum(dim=1))
+        routing_map = torch.zeros(tokens, local_experts, dtype=torch.long)
+        weights = torch.zeros(tokens, local_experts)
+        routing_map[row_indices, valid_indices] = 1
+        weights[row_indices, valid_indices] = probs[mask]
+        return routing_map.bool(), weights
+
+    def read_backs(fn) -> int:
+        with torch.autograd.profiler.profile() as prof:
+            fn()
+        return sum(e.name in ("aten::nonzero", "aten::_local_scalar_dense") for e in prof.function_events)
+
+    _, weights = indices_to_multihot()
+    assert read_backs(indices_to_multihot) >= 3
+    assert read_backs(lambda: weights.sum().backward()) >= 1
+
+    plan, layer = _moe_layer(ep_dispatch="deepep", ep_comm_overlap=True)
+    unfused = next(op for op in layer.ops if op.name == "deepep routing map (unfused)")
+    assert unfused.stream_sync and unfused.bwd_stream_sync
+    assert waits(unfused, False, plan) and waits(unfused, True, plan)
+    dispatch = next(c for c in layer.comms if c.host_sync)  # DeepEP's own wait is for its counts only
+    assert not (dispatch.host_sync and drains(plan))
+    fused_plan, fused = _moe_layer(ep_dispatch="deepep", ep_comm_overlap=True, deepep_fused_routing_map=True)
+    assert all(not op.stream_sync for op in fused.ops)
+    # an empty queue in backward exposes the host's issue of what follows
+    gpu = make_cluster("B200", 8).gpu
+
+    def backward_stall_s(p: Plan, lay) -> float:
+        return host_stall_s(lay.ops, group_times_s(gpu, lay, p)[1], True, p)
+
+    assert backward_stall_s(plan, layer) > backward_stall_s(fused_plan, fused)
 
 
 def test_gpt_oss_fused_quick_geglu_waits_for_the_gpu():
@@ -216,7 +275,7 @@ def test_estimates_of_eager_moe_layers_say_how_far_off_such_runs_were(model: str
     if warned and "a3b" in model:
         flex = shardscope.estimate(model, gpu="H100", gpus=8, global_batch=8, ep_dispatch="hybridep", **moe)
         caveat = next(w for w in flex.warnings if w.startswith("MoE layers run eagerly"))
-        assert "18 published eager MoE runs with a DeepEP/HybridEP dispatcher" in caveat and "median 0.91x" in caveat
+        assert "18 published eager MoE runs with a DeepEP/HybridEP dispatcher" in caveat and "median 0.93x" in caveat
 
 
 def test_grouped_gemm_host_time_is_per_local_expert():

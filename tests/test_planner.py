@@ -595,13 +595,15 @@ def test_search_picks_the_moe_dispatcher_and_overlap():
     """With EP > 1 each structure is timed under the NCCL all-to-all and DeepEP dispatchers, with and
     without the EP overlap where Megatron-Core allows it, and keeps the fastest: no other setting of the
     chosen plan's layout estimates faster. Qwen3-30B-A3B on 16 H100 across two nodes: DeepEP's one copy
-    per node wins over the flat all-to-all's eight. Asking for one setting restricts the search to it."""
+    per node wins over the flat all-to-all's eight, with its routing map fused (unfused, it synchronises).
+    Asking for one setting restricts the search to it."""
     from shardscope.analytic.step import estimate_step
     from shardscope.planner.space import SearchSpace
 
     m, c = load_model("qwen3-30b-a3b"), make_cluster("H100", 16)
     best = search(m, c, 256, 4096).candidates[0]
     assert best.plan.ep > 1 and best.plan.ep_dispatch == "deepep"
+    assert best.plan.deepep_fused_routing_map  # no stream syncs to build its routing map
     allowed = best.plan.recompute != "full" and (best.plan.pp == 1 or best.plan.vpp > 1)
     assert allowed or not best.plan.ep_comm_overlap
     for dispatch in ("flat", "deepep"):

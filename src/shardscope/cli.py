@@ -86,6 +86,10 @@ MoeRouterPadding = Annotated[
     bool,
     typer.Option(help="FP8 MoE: the router pads expert counts to the FP8 alignment (Megatron default: TE pads rows)"),
 ]
+DeepepFusedRoutingMap = Annotated[
+    bool,
+    typer.Option(help="DeepEP: fused routing-map kernel (Megatron --enable-experimental); off, it syncs"),
+]
 FusedCrossEntropy = Annotated[
     bool,
     typer.Option(help="fused cross-entropy kernel: no fp32 copy of the logits (default: unfused, fp32 upcast)"),
@@ -116,6 +120,7 @@ PLAN_OPTIONS = (
     "moe_skew", "moe_imbalance", "capacity_factor", "pad_to_capacity", "mtp", "ep_comm_overlap", "ep_dispatch",
     "fsdp_prefetch", "cuda_graphs", "fused_activation", "fused_cross_entropy", "offload_optimizer",
     "offload_activations", "optimizer_moments", "main_grads", "overlap_grad_reduce", "moe_router_padding",
+    "deepep_fused_routing_map",
 )  # fmt: skip
 
 
@@ -173,6 +178,7 @@ def estimate(
     capacity_factor: CapacityFactor = 0.0,
     pad_to_capacity: PadToCapacity = True,
     moe_router_padding: MoeRouterPadding = False,
+    deepep_fused_routing_map: DeepepFusedRoutingMap = False,
     mtp: Mtp = False,
     ep_comm_overlap: EpCommOverlap = False,
     ep_dispatch: EpDispatch = "flat",
@@ -327,6 +333,7 @@ def budget(
     capacity_factor: CapacityFactor = 0.0,
     pad_to_capacity: PadToCapacity = True,
     moe_router_padding: MoeRouterPadding = False,
+    deepep_fused_routing_map: DeepepFusedRoutingMap = False,
     mtp: Mtp = False,
     ep_comm_overlap: EpCommOverlap = False,
     ep_dispatch: EpDispatch = "flat",

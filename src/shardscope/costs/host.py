@@ -110,10 +110,20 @@ def syncs(plan: Plan) -> bool:
 
 
 def drains(plan: Plan) -> bool:
-    """Whether the host's wait at a sync leaves the GPU without work. Not under the combined-1F1B
-    all-to-all overlap: the GPU still runs the other micro-batch's queued backward (the overlap-on
-    Nsight profile of the Qwen3-30B-A3B A/B has no idle GPU time; overlap off, 1.9 s per step)."""
+    """Whether the host's wait for an event (the dispatcher's token counts) leaves the GPU without work.
+    Not under the combined-1F1B all-to-all overlap: the GPU still runs the other micro-batch's queued
+    backward (the overlap-on Nsight profile of the Qwen3-30B-A3B A/B has no idle GPU time; overlap off,
+    1.9 s per step). A wait for the whole stream (`Op.stream_sync`) drains it either way."""
     return syncs(plan) and not plan.ep_comm_overlap
+
+
+def waits(op: Op, backward: bool, plan: Plan) -> bool:
+    """Whether the host issues `op` in this phase only once the GPU's queue has emptied."""
+    if not syncs(plan):
+        return False
+    if backward:
+        return op.bwd_stream_sync
+    return op.host_sync and (op.stream_sync or not plan.ep_comm_overlap)
 
 
 def dispatch_call_s(plan: Plan) -> float:
@@ -142,22 +152,23 @@ def _issue_order(
     plan: Plan,
     comms: Sequence[tuple[Collective, float]],
 ) -> list[tuple[float, float, bool]]:
-    """The phase as the host issues it: (host time, GPU time, waits for the GPU first) per op, with each
+    """The phase as the host issues it: (host time, GPU time, issued on an empty queue) per op, with each
     collective's exposed time as GPU work where it is issued (forward: after the op it names, or before
-    the first op; backward, which never waits, at its start). A DeepEP/HybridEP dispatch that waits
-    costs its call's host time (`dispatch_call_s`)."""
-    items = [(op_host_s(op, backward, plan), t, op.host_sync) for op, t in zip(ops, gpu_times, strict=True)]
+    the first op; backward, which issues the ops in reverse, at its start). A DeepEP/HybridEP dispatch
+    that waits costs its call's host time (`dispatch_call_s`)."""
+    timed = zip(ops, gpu_times, strict=True)
+    items = [(op_host_s(op, backward, plan), t, waits(op, backward, plan)) for op, t in timed]
+    if backward:
+        return [(0.0, exposed_s, False) for _, exposed_s in comms] + items[::-1]
     at = {op.name: i for i, op in reversed(list(enumerate(ops)))}
     placed: dict[int, list[tuple[float, float, bool]]] = {}
-    for c, exposed_s in comms:
-        sync = c.host_sync and not backward
-        call = dispatch_call_s(plan) if sync else 0.0
-        placed.setdefault(-1 if backward or not c.after else at[c.after], []).append((call, exposed_s, sync))
     # after one op, the collectives that wait go last: they wait for what the others exchange (the counts)
-    ordered = {i: sorted(group, key=lambda item: item[2]) for i, group in placed.items()}
-    order = ordered.get(-1, [])
+    for c, exposed_s in sorted(comms, key=lambda item: item[0].host_sync):
+        call = dispatch_call_s(plan) if c.host_sync else 0.0
+        placed.setdefault(at[c.after] if c.after else -1, []).append((call, exposed_s, c.host_sync and drains(plan)))
+    order = placed.get(-1, [])
     for i, item in enumerate(items):
-        order += [item, *ordered.get(i, [])]
+        order += [item, *placed.get(i, [])]
     return order
 
 
@@ -175,7 +186,7 @@ def host_stall_s(
     one) starts with an empty GPU queue."""
     order = _issue_order(ops, gpu_times, backward, plan, comms)
     host, gpu = [h for h, _, _ in order], [g for _, g, _ in order]
-    cuts = [i for i, (_, _, sync) in enumerate(order) if sync] if not backward and drains(plan) else []
+    cuts = [i for i, (_, _, empty) in enumerate(order) if empty]
     if not cuts:
         return max(0.0, sum(host) - sum(gpu))
     n = len(order)

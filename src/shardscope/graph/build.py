@@ -163,6 +163,7 @@ GRAPH_FIELDS = (
     "moe_skew",
     "capacity_factor",
     "pad_to_capacity",
+    "deepep_fused_routing_map",
     "tp_comm_overlap",
     "ep_comm_overlap",
     "ep_dispatch",

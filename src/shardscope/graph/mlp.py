@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from shardscope.costs.routing import expected_pad_rows
+from shardscope.costs.routing import bin_hit_probability, expected_pad_rows
 from shardscope.graph.common import (
     BF16,
     FP32,
@@ -30,7 +30,7 @@ from shardscope.graph.common import (
     tp_collectives,
 )
 from shardscope.graph.ops import Collective, CollectiveKind, HiddenBy, Op, Phase, Saved, TokenFanout
-from shardscope.models.spec import ModelSpec
+from shardscope.models.spec import ModelSpec, MoESpec
 from shardscope.plan.plan import Plan
 
 # Kernels of Megatron-Core's router per phase with `moe_router_fusion` (gating, score function, top-k,
@@ -67,8 +67,10 @@ def _ffn(
     `fused`: Megatron's SwiGLUFunction keeps only its input and recomputes silu(gate) in backward. Its
     weighted quick-GEGLU (GPT-OSS experts) makes its linear offset a GPU tensor with `torch.tensor(offset,
     device=...)` first (`weighted_bias_quick_geglu_impl`, core_v0.15-0.19): a pageable host-to-device copy,
-    which waits for the stream (PyTorch issue #120996), so the host waits before the activation."""
+    which synchronises the whole stream (PyTorch issue #120996: `memcpy_and_sync`), so the host waits
+    before the activation with the queue empty, even beside another micro-batch's queued backward."""
     h = model.hidden
+    quick_geglu_copy = fused and bool(act_module) and model.glu_gate == "quick_gelu"  # weighted (experts)
     ops: list[Op] = []
     saved: list[Saved] = []
     pre = f"{name} " if name else ""
@@ -81,7 +83,8 @@ def _ffn(
                 bytes=3 * BF16 * tokens * ffn,
                 bwd_bytes=5 * BF16 * tokens * ffn,
                 cheap=True,
-                host_sync=fused and bool(act_module) and model.glu_gate == "quick_gelu",  # weighted (experts)
+                host_sync=quick_geglu_copy,
+                stream_sync=quick_geglu_copy,
             )
         )
         saved += [
@@ -129,6 +132,31 @@ def dense_mlp_group(model: ModelSpec, plan: Plan) -> tuple[OpGroup, float, float
     ops += f_ops + [residual("mlp residual add", model, t_sp)]
     saved += f_saved + [Saved("down proj out", BF16 * t_sp * h, SELECTIVE_ONLY)]
     return OpGroup(tuple(scoped(ops, "mlp")), tuple(saved), tuple(tp_collectives(plan, "mlp", BF16 * t * h))), fi, fg
+
+
+def _deepep_routing_map(moe: MoESpec, plan: Plan, tokens: float) -> Op:
+    """DeepEP hands each GPU its received tokens with their top-k expert indices (-1 where the expert
+    lives elsewhere); unfused, Megatron-Core's `_indices_to_multihot` (core_v0.15-0.19 token_dispatcher.py)
+    turns them into a routing map and weights with `indices[mask]`, `repeat_interleave(mask.sum(1))` and
+    `probs[mask]`: a `nonzero` or a size read back each, which synchronise the stream, and backward's
+    boolean-mask index of the weights' gradient synchronises again (PyTorch `index_put_`). Its kernels
+    (compare, two index, sum, arange, repeat, two zeros, two index-puts, cast) write a long and a float map
+    of received tokens x local experts and read it back as bool."""
+    fanout = TokenFanout(moe.experts, moe.top_k, moe.groups, moe.groups_per_token, "deepep")
+    received = tokens * plan.ep * bin_hit_probability(fanout, plan.ep)
+    cells = received * moe.experts // plan.ep
+    return Op(
+        "deepep routing map (unfused)",
+        "memory",
+        bytes=(INT64 + FP32 + INT64 + 1) * cells,
+        bwd_bytes=2 * FP32 * cells,
+        scope="moe_preprocess",
+        host_sync=True,
+        stream_sync=True,
+        bwd_stream_sync=True,
+        launches=11,
+        bwd_launches=3,
+    )
 
 
 def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float, float]:
@@ -205,6 +233,8 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     waits_to_permute = not padded and sized and not flex
     waits_to_dispatch = not padded and not waits_to_permute
     moved = BF16 * tm * h + perm
+    if plan.ep > 1 and plan.ep_dispatch == "deepep" and not plan.deepep_fused_routing_map:
+        ops.append(_deepep_routing_map(moe, plan, tm * load))
     permute = Op("permute", "memory", bytes=moved, bwd_bytes=moved, scope="moe_preprocess", host_sync=waits_to_permute)
     ops.append(permute)
     dispatch = load * perm

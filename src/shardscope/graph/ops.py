@@ -25,7 +25,10 @@ class Op:
     `cheap` ops are the ones the "selective" recompute policy recomputes instead of saving.
     `scope` is the Megatron-Core CUDA-graph module that captures the op (`--cuda-graph-modules`: attn,
     mlp, moe_router, moe_preprocess, moe); `host_sync` marks an op the host issues only after waiting for
-    the GPU (a dropless MoE dispatcher copies the per-expert token counts to the host first).
+    the GPU (a dropless MoE dispatcher copies the per-expert token counts to the host first). Such a wait
+    is for one event unless `stream_sync`: a synchronisation of the whole compute stream (a copy from
+    pageable host memory, `.item()`, `nonzero`, PyTorch's `memcpy_and_sync`), which empties the queue even
+    where another micro-batch's work was queued behind the event. `bwd_stream_sync`: its backward waits so.
     """
 
     name: str
@@ -41,6 +44,8 @@ class Op:
     modules: frozenset[str] = frozenset()  # Megatron recompute modules that re-run it (see MEGATRON_MODULES)
     scope: str = ""
     host_sync: bool = False
+    stream_sync: bool = False
+    bwd_stream_sync: bool = False
     launches: int = 1  # kernels it runs per phase, each launched by the host (GEMMs: costs.compute.serial_kernels)
     bwd_launches: int | None = None  # backward's kernels where they differ from forward's
     te_module: bool = True  # a GEMM issued through a Transformer Engine module, not plain PyTorch

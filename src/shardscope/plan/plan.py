@@ -74,6 +74,10 @@ class Plan:
     # FP8 MoE: the router pads each expert's token count to the FP8 GEMM's row alignment (Megatron-Core
     # `moe_router_padding_for_quantization`, default off); off, Transformer Engine pads and un-pads the rows
     moe_router_padding: bool = False
+    # DeepEP: the received tokens' routing map built by one fused kernel (Megatron-Core
+    # `fused_indices_to_multihot`, under `--enable-experimental` with `--moe-permute-fusion`); off (Megatron's
+    # default), `_indices_to_multihot` indexes with boolean masks, which synchronise the stream
+    deepep_fused_routing_map: bool = False
     mtp: bool = False  # train the model's multi-token-prediction modules
     ep_comm_overlap: bool = False  # hide EP all-to-alls under another micro-batch's compute
     fsdp_prefetch: int = 1  # FSDP layers gathered ahead of the one computing (forward and backward)

@@ -353,6 +353,7 @@ def _megatron(model: ModelSpec, plan: Plan) -> tuple[list[str], list[str]]:
         args += ["--moe-token-dispatcher-type", "flex" if flex else "alltoall"]
         args += ["--moe-flex-dispatcher-backend", plan.ep_dispatch] if flex else []
         args += ["--moe-router-padding-for-quantization"] if plan.moe_router_padding else []
+        args += ["--enable-experimental"] if plan.ep_dispatch == "deepep" and plan.deepep_fused_routing_map else []
     if plan.sp:
         args.append("--sequence-parallel")
     if plan.fsdp or plan.zero == 3:

@@ -130,7 +130,9 @@ def moe_variants(plan: Plan, space: SearchSpace, cluster: Cluster) -> Iterator[P
     """`plan` under each token dispatcher and EP overlap setting the space allows (the overlap only where
     Megatron-Core can run it: `ep_overlap_problem`). Left to choose, an EP group wider than DeepEP's
     NVLink peers inside one NVLink domain (GB200 NVL72) tries HybridEP in DeepEP's place: DeepEP runs
-    well under it there (`costs.comm.DEEPEP_MNNVL_GBPS`), as NVIDIA's DeepSeek-V3 GB200 guide found."""
+    well under it there (`costs.comm.DEEPEP_MNNVL_GBPS`), as NVIDIA's DeepSeek-V3 GB200 guide found. DeepEP
+    builds its routing map fused (Megatron's `--enable-experimental`, which the export then sets): unfused
+    it synchronises the stream for nothing."""
     if plan.ep == 1:
         yield plan
         return
@@ -142,7 +144,7 @@ def moe_variants(plan: Plan, space: SearchSpace, cluster: Cluster) -> Iterator[P
         for overlap in space.ep_overlaps:
             if overlap and not overlap_ok:
                 continue
-            yield evolve(plan, ep_dispatch=dispatch, ep_comm_overlap=overlap)
+            yield evolve(plan, ep_dispatch=dispatch, ep_comm_overlap=overlap, deepep_fused_routing_map=True)
 
 
 def _stage_time_s(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:

@@ -317,6 +317,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             ep=_int(row, "ep", 1),
             capacity_factor=settings.get("capacity_factor", 0.0),
             moe_router_padding=bool(settings.get("moe_router_padding")) and precision == "fp8",
+            deepep_fused_routing_map=bool(settings.get("enable_experimental")),
             optimizer_moments=settings.get("optimizer_moments", "fp32"),
             main_grads=settings.get("main_grads", "fp32"),
             offload_optimizer=bool(settings.get("offload_optimizer")),
