@@ -126,7 +126,8 @@ def test_moe_saved_activations_match_pytorch(fused):
 def test_expert_bias_traffic_matches_pytorch():
     """GPT-OSS's expert down-projection bias, added as Megatron-Core's TEGroupedMLP adds it (per expert,
     weighted by the fp32 routing probability, concatenated, cast back): the graph's bytes equal what the
-    eager ATen ops read and write, forward and backward, at full size under FakeTensorMode."""
+    eager ATen ops read and write, forward and backward, at full size under FakeTensorMode, and its
+    launches what they run (2 per expert and 2 forward; 6 per expert and 3 backward)."""
     model = load_model("gpt-oss-120b")
     plan = make_plan(model, make_cluster("B200", 64), ep=8, global_batch=64, micro_batch=1, seq_len=4096)
     graph = build_stage_graph(model, plan)
@@ -147,6 +148,7 @@ def test_expert_bias_traffic_matches_pytorch():
             y.backward(grad)
     assert bias_op.bytes == pytest.approx(load * fwd.total, rel=0.01)
     assert bias_op.bwd_bytes == pytest.approx(load * bwd.total, rel=0.01)
+    assert (bias_op.launches, bias_op.bwd_launches) == (fwd.ops, bwd.ops)
 
 
 def _fp8_moe_layer(**kw):

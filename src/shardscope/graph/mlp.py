@@ -349,7 +349,8 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
         # weighted by the routing probability, in fp32 (`_apply_bias`, core_v0.15.0): b * p, t + b * p,
         # a concatenation and a cast back to bf16 read and write 28 bytes per routed value forward; backward
         # casts the gradient to fp32 and back, reduces it against b and p and concatenates the split
-        # gradient, 40 bytes.
+        # gradient, 40 bytes. Per expert its ops are a multiply and an add forward; backward, two
+        # multiplies, two sums and two casts.
         bias_values = routed * h
         ops.append(
             Op(
@@ -358,6 +359,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
                 bytes=28 * bias_values,
                 bwd_bytes=40 * bias_values,
                 launches=2 * local_experts + 2,
+                bwd_launches=6 * local_experts + 3,
             )
         )
     if te_pads:
