@@ -141,16 +141,16 @@ def _deepep_routing_map(moe: MoESpec, plan: Plan, tokens: float) -> Op:
     `probs[mask]`: a `nonzero` or a size read back each, which synchronise the stream, and backward's
     boolean-mask index of the weights' gradient synchronises again (PyTorch `index_put_`). Its kernels
     (compare, two index, sum, arange, repeat, two zeros, two index-puts, cast) write a long and a float map
-    of received tokens x local experts and read it back as bool."""
+    of received tokens x local experts and read it back as bool. It runs after the dispatch, outside the
+    preprocess that a CUDA graph can capture."""
     fanout = TokenFanout(moe.experts, moe.top_k, moe.groups, moe.groups_per_token, "deepep")
     received = tokens * plan.ep * bin_hit_probability(fanout, plan.ep)
-    cells = received * moe.experts // plan.ep
+    cells = received * (moe.experts // plan.ep)
     return Op(
         "deepep routing map (unfused)",
         "memory",
         bytes=(INT64 + FP32 + INT64 + 1) * cells,
         bwd_bytes=2 * FP32 * cells,
-        scope="moe_preprocess",
         host_sync=True,
         stream_sync=True,
         bwd_stream_sync=True,
