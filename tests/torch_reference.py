@@ -242,8 +242,8 @@ def saved_activation_bytes(output: torch.Tensor, exclude: list[torch.Tensor]) ->
 
 class AtenBytes(TorchDispatchMode):
     """Bytes each ATen op reads and writes (its tensor inputs and outputs), summed: the HBM traffic of
-    an unfused eager op sequence; and `ops`, how many ran (each an eager kernel launch). Views and
-    metadata queries move nothing and are not counted."""
+    an unfused eager op sequence; and `kernels`, the eager kernel launches they make (`slice_backward`
+    two: zeros, then the copy). Views and metadata queries move nothing and are not counted."""
 
     FREE = frozenset(
         {"view", "_unsafe_view", "split", "split_with_sizes", "unsqueeze", "squeeze", "slice", "expand", "t"}
@@ -253,14 +253,14 @@ class AtenBytes(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.total = 0
-        self.ops = 0
+        self.kernels = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func.overloadpacket.__name__ not in self.FREE:
             tensors = [x for x in tree_flatten((args, kwargs, out))[0] if isinstance(x, torch.Tensor)]
             self.total += sum(x.numel() * x.element_size() for x in tensors)
-            self.ops += 1
+            self.kernels += 1 + (func.overloadpacket.__name__ == "slice_backward")
         return out
 
 
@@ -281,6 +281,7 @@ class ElementwiseBytes(AtenBytes):
         if name not in self.FREE and name not in self.KERNELS and "scaled_dot_product" not in name:
             tensors = [x for x in tree_flatten((args, kwargs, out))[0] if isinstance(x, torch.Tensor)]
             self.total += sum(self.touched(x) for x in tensors)
+            self.kernels += 1 + (name == "slice_backward")
         return out
 
 
