@@ -109,7 +109,7 @@ def _attention_s(
 ) -> float:
     """Model time (sustained clock) of the attention op the layer graph builds for this batch, sequence,
     head shape, mask and window, forward or backward, with the given attention kernel."""
-    model = dataclasses.replace(load_model("gpt-oss-20b"), attention_window=window)
+    model = dataclasses.replace(load_model("gpt-oss-20b"), attention_window=window, sinks=False)
     kind = LayerKind("window" if window else "full", "dense")
     plan = Plan(seq_len=s, micro_batch=b, global_batch=b, causal=causal, attention_kernel=kernel)
     (op,), _ = core_attention(model, plan, kind, heads, dqk, dvo)

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import math
 
-from shardscope.costs.efficiency import HBM_FRACTION, KERNEL_GAP_S, attention_fraction, gemm_fraction
+from shardscope.costs.efficiency import (
+    HBM_FRACTION,
+    KERNEL_GAP_S,
+    attention_fraction,
+    attention_grid_fill,
+    gemm_fraction,
+)
 from shardscope.graph.common import OpGroup
 from shardscope.graph.fp8 import QUANT_KERNELS
 from shardscope.graph.ops import Op
@@ -20,6 +26,12 @@ TE_COMPUTE_STREAMS = 4
 # Flash attention's backward is three kernels: dO·O row sums, the main dQ/dK/dV loop and the dQ
 # conversion (flash-attention csrc `flash_bwd_launch_template.h`; cuDNN's backward is alike).
 ATTENTION_BWD_KERNELS = 3
+# cuDNN's backward with a learned sink logit per head (GPT-OSS; Transformer Engine's learnable softmax
+# offset) adds a pass over the query rows for the sinks' gradient: measured with cuDNN 9.19 on one H100
+# (validation/kernels_measured_h100.json `cudnn_sinks`), +0.06 to +0.81 ms over 33k to 524k rows (batch x
+# heads x queries), causal or in a 128-token window, 1.1 to 1.8 ns a row; the forward is unchanged. Not
+# measured on other GPUs: the H100 figure is used for all.
+SINK_BWD_ROW_S = 1.5e-9
 
 
 def memory_time_s(gpu: GPU, nbytes: float) -> float:
@@ -81,9 +93,11 @@ def op_time_s(gpu: GPU, op: Op, backward: bool, plan: Plan) -> float:
         # each query block loops over this rank's seq_len / cp keys, or over the window or chunk that bounds it
         span = op.kv_span or plan.seq_len // plan.cp
         frac = attention_fraction(gpu, plan.attention_kernel, span, backward, op.head_dim)
+        frac *= attention_grid_fill(gpu, op.query_rows)
         # Flash attention's compute runs at the BF16 rate even under FP8 GEMM recipes.
         io = memory_time_s(gpu, op.bwd_bytes if backward else op.bytes)
-        return max(flops / (gpu.bf16_tflops * 1e12 * frac), io) + gaps
+        sinks = SINK_BWD_ROW_S * op.query_rows if backward and op.sinks else 0.0
+        return max(flops / (gpu.bf16_tflops * 1e12 * frac), io) + sinks + gaps
     nbytes = op.bwd_bytes if backward else op.bytes
     return memory_time_s(gpu, nbytes) + gaps
 

@@ -60,6 +60,17 @@ DEFAULT_ATTENTION_KERNEL = {"ampere": "fa2", "hopper": "fa3", "blackwell": "fa3"
 # the 16k-sequence figures above. A sliding window or chunk bounds the loop at its size.
 ATTENTION_S0 = 512
 ATTENTION_S_REF = 16384
+# Flash attention's grid is one thread block per 128-query tile of each (sequence, head); a small grid's
+# last waves leave SMs idle, the more so under a causal mask, whose tiles differ in length. Measured
+# (validation/kernels_measured_h100.json `sdpa_heads`: cuDNN 9.19 through PyTorch SDPA on one H100, 4096
+# causal queries, head dim 128, batch x heads 8 to 256, i.e. 256 to 8192 tiles): forward 285 to 601 TFLOPS,
+# backward 218 to 455, which tiles / (tiles + 2 x SMs) follows within 7%. The fractions above hold at the
+# FlashAttention-3 benchmark's grid (16k tokens x 16 heads of 128 = 2048 tiles): a smaller grid runs at
+# the fill relative to it. A larger one is held at the fractions: cuDNN's published H200 and GB200 timings
+# of 4k to 33k tiles (tests/test_kernels_measured.py) do not rise with the grid as this H100 did (+10%).
+ATTENTION_QUERY_TILE = 128
+ATTENTION_TAIL_WAVES = 2
+ATTENTION_TILES_REF = 2048
 
 # Streaming kernels (norms, activations, adds, casts) reach ~85% of datasheet HBM bandwidth
 # (BabelStream triad on A100/H100 measures 0.85-0.9 of peak).
@@ -133,6 +144,16 @@ def attention_fraction(gpu: GPU, kernel: str, seq_len: int, backward: bool, head
     fa3_class = (gpu.arch, kernel) in ATTENTION_FRACTION and kernel == "fa3"
     heads = head_dim_scale(head_dim, gpu.arch, backward) if fa3_class else 1.0
     return (bwd if backward else fwd * gpu.attention_fwd_scale) * clock_ratio(gpu) * length * heads
+
+
+def attention_grid_fill(gpu: GPU, query_rows: int) -> float:
+    """Flash attention's throughput on a grid of `query_rows` / 128 tiles, relative to the 2048-tile grid
+    at which `ATTENTION_FRACTION` holds: T / (T + 2 SMs), normalised, at most 1 (1 where not stated)."""
+    if query_rows <= 0:
+        return 1.0
+    tail = ATTENTION_TAIL_WAVES * gpu.sms
+    tiles = query_rows / ATTENTION_QUERY_TILE
+    return min(1.0, (tiles / (tiles + tail)) / (ATTENTION_TILES_REF / (ATTENTION_TILES_REF + tail)))
 
 
 def overlap_slowdown(gpu: GPU) -> float:

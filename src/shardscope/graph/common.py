@@ -128,10 +128,19 @@ def residual(name: str, model: ModelSpec, tokens: float) -> Op:
     return Op(name, "memory", bytes=3 * size, bwd_bytes=3 * size, cheap=True)
 
 
-def flash_attention(name: str, flops: float, io: float, head_dim: float, kv_span: int = 0) -> Op:
+def flash_attention(
+    name: str,
+    flops: float,
+    io: float,
+    head_dim: float,
+    kv_span: int = 0,
+    query_rows: int = 0,
+    sinks: bool = False,
+) -> Op:
     """A flash-attention kernel: `flops` forward over the keys each query sees, `io` bytes of Q, K, V and
     output; backward does 2.5x the FLOPs (5 matmuls vs 2, Dao 2023) and moves twice the bytes. `kv_span`:
-    the keys a query's loop covers where a sliding window or chunk bounds it."""
+    the keys a query's loop covers where a sliding window or chunk bounds it; `query_rows`: batch x heads x
+    queries on this GPU (the kernel's grid); `sinks`: a learned sink logit per head."""
     return Op(
         name,
         "attention",
@@ -141,6 +150,8 @@ def flash_attention(name: str, flops: float, io: float, head_dim: float, kv_span
         bwd_bytes=2 * io,
         head_dim=head_dim,
         kv_span=kv_span,
+        query_rows=query_rows,
+        sinks=sinks,
     )
 
 

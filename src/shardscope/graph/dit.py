@@ -59,7 +59,9 @@ def _cross_attention(model: ModelSpec, plan: Plan) -> tuple[OpGroup, float, floa
         gemm("cross-attn q proj", t, w, d, sh.fp8),
         gemm("cross-attn kv proj (text)", text, 2 * w, d, sh.fp8),
         qk_op,
-        flash_attention("cross-attention", flops, io, head_dim=hd),
+        flash_attention(
+            "cross-attention", flops, io, head_dim=hd, query_rows=plan.micro_batch * nh * plan.seq_len // plan.cp
+        ),
         gemm("cross-attn out proj", t, d, w, sh.fp8),
         residual("cross-attn residual add", model, t_sp),
     ]

@@ -51,6 +51,8 @@ class Op:
     te_module: bool = True  # a GEMM issued through a Transformer Engine module, not plain PyTorch
     head_dim: float = 128  # attention: the mean of the query-key and value head dimensions
     kv_span: int = 0  # attention: keys a query's kernel loop covers when a window or chunk bounds it (0: all)
+    query_rows: int = 0  # attention: (sequence, head, query) rows this GPU's kernel runs (0: not stated)
+    sinks: bool = False  # attention: a learned sink logit per head (its gradient costs the backward a pass)
 
 
 @dataclass(frozen=True, slots=True)

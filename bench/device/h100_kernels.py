@@ -1,0 +1,472 @@
+# ruff: noqa: B023  (closures timed inside the loop that defines them)
+"""Measure, on one CUDA GPU, the kernels the cost model prices for eager MoE training steps.
+
+Run on the device machine (not in CI): `python bench/device/h100_kernels.py OUT_DIR`. Writes
+`OUT_DIR/kernels_measured.json` and prints a summary. Sections, each independent (a failure is
+recorded, the rest runs):
+  * expert GEMMs of every MoE validation row (`moe_expert_gemms.json`, made by `moe_expert_gemms.py`):
+    forward (M, N, K), dgrad (M, K, N) and wgrad (K, N, M) per expert, issued as Transformer Engine's
+    eager grouped GEMM issues them (one cuBLAS GEMM per expert, round-robin over four streams), timed as
+    a CUDA-graph replay (GPU time, no host launch cost), plus the same math as one grouped kernel
+    (`torch._grouped_mm`, BF16) for comparison;
+  * dense reference GEMMs (8192^3 BF16 and FP8 per-tensor);
+  * flash attention through PyTorch SDPA (cuDNN and FlashAttention-2 back ends), forward and backward;
+  * sliding-window attention through cuDNN's frontend (the kernel Transformer Engine calls), if the
+    `cudnn` frontend package is importable;
+  * host costs of eager PyTorch: a kernel launch, a `torch.empty`, a small `F.linear`, a `.item()`;
+  * the learnable sink's cost (`cudnn_sinks`), BF16 weight gradients in Transformer Engine's layout
+    (`wgrad_nt`) and cuDNN SDPA throughput against batch x heads (`sdpa_heads`).
+`python bench/device/h100_kernels.py OUT_DIR cudnn_sinks,wgrad_nt` runs only the sections named.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+STREAMS = 4
+DEV = "cuda"
+
+
+def events_time_ms(fn, reps: int, warmup: int = 2) -> float:
+    """Median of `reps` timings of fn() with CUDA events (each timing one call)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def graph_time_ms(fn, reps: int = 20) -> float:
+    """GPU time of fn's kernels without host launch cost: capture once, time replays."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return events_time_ms(g.replay, reps)
+
+
+def fp8(t: torch.Tensor) -> torch.Tensor:
+    return (t * 0.5).to(torch.float8_e4m3fn)
+
+
+class ExpertGemms:
+    """`groups` independent (M, N, K) GEMMs, A (M, K) row-major times B (N, K) row-major transposed
+    (the TN layout cuBLASLt needs for FP8), issued round-robin over `STREAMS` streams."""
+
+    def __init__(self, groups: int, m: int, n: int, k: int, precision: str):
+        self.groups, self.m, self.n, self.k, self.precision = groups, m, n, k, precision
+        self.a = [torch.randn(m, k, device=DEV, dtype=torch.bfloat16) for _ in range(groups)]
+        self.b = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16) for _ in range(groups)]
+        if precision == "fp8":
+            self.a = [fp8(x) for x in self.a]
+            self.b = [fp8(x) for x in self.b]
+            self.scale = torch.tensor(1.0, device=DEV)
+        self.streams = [torch.cuda.Stream() for _ in range(STREAMS)]
+
+    def one(self, i: int) -> torch.Tensor:
+        if self.precision == "fp8":
+            return torch._scaled_mm(
+                self.a[i], self.b[i].t(), scale_a=self.scale, scale_b=self.scale, out_dtype=torch.bfloat16
+            )
+        return torch.mm(self.a[i], self.b[i].t())
+
+    def multistream(self) -> None:
+        cur = torch.cuda.current_stream()
+        for s in self.streams:
+            s.wait_stream(cur)
+        for i in range(self.groups):
+            with torch.cuda.stream(self.streams[i % STREAMS]):
+                self.one(i)
+        for s in self.streams:
+            cur.wait_stream(s)
+
+    def serial(self) -> None:
+        for i in range(self.groups):
+            self.one(i)
+
+    def grouped(self):
+        """One grouped kernel over all experts (BF16 `torch._grouped_mm`); None where unsupported."""
+        if self.precision != "bf16" or not hasattr(torch, "_grouped_mm"):
+            return None
+        a = torch.cat(self.a)
+        b = torch.stack(self.b).transpose(-2, -1)  # (G, K, N), column-major per group
+        offs = torch.arange(1, self.groups + 1, device=DEV, dtype=torch.int32) * self.m
+        return lambda: torch._grouped_mm(a, b, offs=offs, out_dtype=torch.bfloat16)
+
+    def free(self) -> None:
+        del self.a, self.b
+
+
+def expert_gemm_section(shapes: list[dict]) -> list[dict]:
+    results = []
+    done: dict[tuple, dict] = {}
+    for shape in shapes:
+        g, m, n, k, prec = shape["groups"], shape["m"], shape["n"], shape["k"], shape["precision"]
+        if prec == "fp8":  # TE pads each expert's rows to 16 for FP8 GEMMs (Fp8Padding)
+            m = 16 * math.ceil(m / 16)
+        entry = {**{key: shape[key] for key in ("groups", "m", "n", "k", "precision")}, "m_run": m}
+        for phase, (mm, nn, kk) in {"fwd": (m, n, k), "dgrad": (m, k, n), "wgrad": (k, n, m)}.items():
+            key = (g, mm, nn, kk, prec)
+            if key not in done:
+                rec: dict = {}
+                try:
+                    eg = ExpertGemms(g, mm, nn, kk, prec)
+                    reps = 10 if 2.0 * g * mm * nn * kk > 5e12 else 20
+                    rec["multistream_graph_ms"] = graph_time_ms(eg.multistream, reps)
+                    rec["serial_graph_ms"] = graph_time_ms(eg.serial, reps)
+                    rec["multistream_eager_ms"] = events_time_ms(eg.multistream, reps)
+                    grouped = eg.grouped()
+                    if grouped is not None:
+                        try:
+                            rec["grouped_kernel_ms"] = events_time_ms(grouped, reps)
+                        except Exception as exc:  # noqa: BLE001
+                            rec["grouped_error"] = repr(exc)[:200]
+                    eg.free()
+                except Exception as exc:  # noqa: BLE001
+                    rec["error"] = repr(exc)[:300]
+                torch.cuda.empty_cache()
+                done[key] = rec
+            entry[phase] = {"mnk": [mm, nn, kk], **done[key]}
+        results.append(entry)
+    return results
+
+
+def wgrad_nt_section(shapes: list[dict]) -> list[dict]:
+    """BF16 weight gradients as Transformer Engine computes them, X^T (K x M) times dY (M x N) with X and dY
+    row-major per expert (no alignment needed on the token count M), four streams, graph replay."""
+    out = []
+    seen = set()
+    for shape in shapes:
+        g, m, n, k, prec = shape["groups"], shape["m"], shape["n"], shape["k"], shape["precision"]
+        if prec != "bf16" or (g, m, n, k) in seen:
+            continue
+        seen.add((g, m, n, k))
+        rec = {"groups": g, "m": m, "n": n, "k": k}
+        try:
+            xs = [torch.randn(m, k, device=DEV, dtype=torch.bfloat16) for _ in range(g)]
+            dys = [torch.randn(m, n, device=DEV, dtype=torch.bfloat16) for _ in range(g)]
+            streams = [torch.cuda.Stream() for _ in range(STREAMS)]
+
+            def run():
+                cur = torch.cuda.current_stream()
+                for st in streams:
+                    st.wait_stream(cur)
+                for i in range(g):
+                    with torch.cuda.stream(streams[i % STREAMS]):
+                        torch.mm(xs[i].t(), dys[i])
+                for st in streams:
+                    cur.wait_stream(st)
+
+            rec["multistream_graph_ms"] = graph_time_ms(run, 10)
+        except Exception as exc:  # noqa: BLE001
+            rec["error"] = repr(exc)[:300]
+        torch.cuda.empty_cache()
+        out.append(rec)
+    return out
+
+
+def sdpa_heads_section() -> list[dict]:
+    """cuDNN SDPA at 4096 causal, head dim 128: how batch x heads (thread blocks) moves throughput."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = []
+    for b, h in ((1, 8), (1, 16), (1, 32), (2, 32), (1, 64), (2, 64), (4, 64)):
+        s, d = 4096, 128
+        rec = {"b": b, "h": h, "s": s, "d": d}
+        try:
+            q, k, v = (torch.randn(b, h, s, d, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+            do = torch.randn(b, h, s, d, device=DEV, dtype=torch.bfloat16)
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+                rec["fwd_ms"] = events_time_ms(fwd, 10)
+                o = fwd()
+                rec["bwd_ms"] = events_time_ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), 10)
+            flops = attention_flops(b, h, s, d, True)
+            rec["fwd_tflops"], rec["bwd_tflops"] = flops / rec["fwd_ms"] / 1e9, 2.5 * flops / rec["bwd_ms"] / 1e9
+        except Exception as exc:  # noqa: BLE001
+            rec["error"] = repr(exc)[:300]
+        out.append(rec)
+    return out
+
+
+def dense_section() -> dict:
+    out = {}
+    for prec in ("bf16", "fp8"):
+        eg = ExpertGemms(1, 8192, 8192, 8192, prec)
+        ms = events_time_ms(eg.serial, 20, warmup=5)
+        out[prec] = {"mnk": [8192, 8192, 8192], "ms": ms, "tflops": 2 * 8192**3 / ms / 1e9}
+        eg.free()
+    return out
+
+
+def attention_flops(b: int, h: int, s: int, d: int, causal: bool) -> float:
+    full = 4.0 * b * h * s * s * d
+    return full / 2 if causal else full
+
+
+def sdpa_section() -> list[dict]:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    cases = [
+        ("gpt-oss (hd 64)", 1, 64, 4096, 64, True),
+        ("qwen3 (hd 128)", 1, 32, 4096, 128, True),
+        ("llama-70b 8k", 1, 64, 8192, 128, True),
+        ("dit 32k non-causal", 1, 40, 32768, 128, False),
+    ]
+    out = []
+    for name, b, h, s, d, causal in cases:
+        q, k, v = (torch.randn(b, h, s, d, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        do = torch.randn(b, h, s, d, device=DEV, dtype=torch.bfloat16)
+        flops = attention_flops(b, h, s, d, causal)
+        for backend_name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
+            rec = {"case": name, "b": b, "h": h, "s": s, "d": d, "causal": causal, "backend": backend_name}
+            try:
+                with sdpa_kernel([backend]):
+                    fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+                    rec["fwd_ms"] = events_time_ms(fwd, 10)
+                    o = fwd()
+
+                    def bwd():
+                        torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+
+                    rec["bwd_ms"] = events_time_ms(bwd, 10)
+                rec["fwd_tflops"] = flops / rec["fwd_ms"] / 1e9
+                rec["bwd_tflops"] = 2.5 * flops / rec["bwd_ms"] / 1e9
+            except Exception as exc:  # noqa: BLE001
+                rec["error"] = repr(exc)[:300]
+            out.append(rec)
+        torch.cuda.empty_cache()
+    return out
+
+
+WINDOW_CASES = [  # b, h, s, d, window (0: causal over the whole sequence), sink
+    (1, 64, 4096, 64, 0, False),
+    (1, 64, 4096, 64, 128, False),
+    (1, 64, 4096, 64, 128, True),
+]
+SINK_CASES = [
+    (1, 64, 4096, 64, 0, False),
+    (1, 64, 4096, 64, 0, True),
+    (1, 64, 4096, 64, 128, False),
+    (1, 64, 4096, 64, 128, True),
+    (2, 64, 4096, 64, 128, False),
+    (2, 64, 4096, 64, 128, True),
+    (1, 64, 8192, 64, 128, False),
+    (1, 64, 8192, 64, 128, True),
+    (1, 8, 4096, 64, 128, False),
+    (1, 8, 4096, 64, 128, True),
+    (4, 8, 4096, 64, 128, False),
+    (4, 8, 4096, 64, 128, True),
+    (4, 8, 4096, 64, 0, False),
+    (4, 8, 4096, 64, 0, True),
+]
+
+
+def cudnn_window_section(cases: list[tuple] = WINDOW_CASES) -> list[dict]:
+    """GPT-OSS's attention shapes through cuDNN's frontend (the kernels Transformer Engine runs): causal,
+    causal within a sliding window, with or without a learnable sink logit per head."""
+    import cudnn
+
+    out = []
+    handle = cudnn.create_handle()
+    for b, h, s, d, window, sink in cases:
+        name = ("causal" if not window else f"window {window}") + (" + sink" if sink else "")
+        rec = {
+            "case": name,
+            "b": b,
+            "h": h,
+            "s": s,
+            "d": d,
+            "window": window,
+            "sink": sink,
+            "cudnn_version": cudnn.backend_version(),
+        }
+        try:
+            q, k, v, o, do, dq, dk, dv = (torch.randn(b, h, s, d, device=DEV, dtype=torch.bfloat16) for _ in range(8))
+            stats = torch.empty(b, h, s, 1, device=DEV, dtype=torch.float32)
+            sinks = torch.randn(1, h, 1, 1, device=DEV, dtype=torch.float32)
+            dsinks = torch.zeros_like(sinks)
+            bf16, f32 = cudnn.data_type.BFLOAT16, cudnn.data_type.FLOAT
+            mask = {"use_causal_mask": True}
+            if window:
+                mask = {
+                    "diagonal_alignment": cudnn.diagonal_alignment.TOP_LEFT,
+                    "diagonal_band_right_bound": 0,
+                    "diagonal_band_left_bound": window,
+                }
+
+            def build(backward: bool):
+                g = cudnn.pygraph(io_data_type=bf16, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
+                tq, tk, tv = g.tensor_like(q), g.tensor_like(k), g.tensor_like(v)
+                extra = {}
+                tsink = None
+                if sink:
+                    tsink = g.tensor_like(sinks)
+                    extra["sink_token"] = tsink
+                if not backward:
+                    to, tst = g.sdpa(
+                        name="sdpa", q=tq, k=tk, v=tv, is_inference=False, attn_scale=1 / math.sqrt(d), **mask, **extra
+                    )
+                    to.set_output(True).set_dim(list(o.shape)).set_stride(list(o.stride()))
+                    tst.set_output(True).set_data_type(f32)
+                    binds = {tq: q, tk: k, tv: v, to: o, tst: stats}
+                else:
+                    to, tdo, tst = g.tensor_like(o), g.tensor_like(do), g.tensor_like(stats)
+                    tdsink = None
+                    if sink:
+                        tdsink = g.tensor_like(dsinks)
+                        extra["dSink_token"] = tdsink
+                    tdq, tdk, tdv = g.sdpa_backward(
+                        name="sdpa_bwd",
+                        q=tq,
+                        k=tk,
+                        v=tv,
+                        o=to,
+                        dO=tdo,
+                        stats=tst,
+                        attn_scale=1 / math.sqrt(d),
+                        **mask,
+                        **extra,
+                    )
+                    for t, ref in ((tdq, dq), (tdk, dk), (tdv, dv)):
+                        t.set_output(True).set_dim(list(ref.shape)).set_stride(list(ref.stride()))
+                    binds = {tq: q, tk: k, tv: v, to: o, tdo: do, tst: stats, tdq: dq, tdk: dk, tdv: dv}
+                    if sink:
+                        binds[tdsink] = dsinks
+                if sink:
+                    binds[tsink] = sinks
+                g.validate()
+                g.build_operation_graph()
+                g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+                g.check_support()
+                g.build_plans()
+                ws = torch.empty(g.get_workspace_size(), device=DEV, dtype=torch.uint8)
+                return lambda: g.execute(binds, ws, handle=handle)
+
+            full_flops = attention_flops(b, h, s, d, True)
+            if sink:
+                rec["dsink_abs_sum"] = float(dsinks.abs().sum())
+            fwd = build(False)
+            rec["fwd_ms"] = events_time_ms(fwd, 10)
+            fwd()
+            rec["bwd_ms"] = events_time_ms(build(True), 10)
+            rec["causal_flops"] = full_flops
+        except Exception as exc:  # noqa: BLE001
+            rec["error"] = repr(exc)[:400]
+            rec["trace"] = traceback.format_exc()[-800:]
+        out.append(rec)
+    return out
+
+
+def host_section() -> dict:
+    """Host (CPU) time per eager call, measured with the GPU never the bottleneck."""
+    x = torch.ones(16, device=DEV)
+    y = torch.empty_like(x)
+    w = torch.randn(64, 64, device=DEV)
+    a = torch.randn(32, 64, device=DEV)
+    out = {}
+
+    def per_call_us(fn, n: int = 5000) -> float:
+        for _ in range(200):
+            fn()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        host = time.perf_counter() - t
+        torch.cuda.synchronize()
+        return host / n * 1e6
+
+    out["launch_add_us"] = per_call_us(lambda: torch.add(x, 1, out=y))
+    out["torch_empty_us"] = per_call_us(lambda: torch.empty(1 << 20, device=DEV, dtype=torch.uint8))
+    out["f_linear_us"] = per_call_us(lambda: F.linear(a, w))
+    lat = []
+    for _ in range(200):
+        t = time.perf_counter()
+        x.sum().item()
+        lat.append(time.perf_counter() - t)
+    out["item_roundtrip_us"] = statistics.median(lat) * 1e6
+    return out
+
+
+def main() -> None:
+    out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shapes = json.loads((Path(__file__).parent / "moe_expert_gemms.json").read_text())
+    props = torch.cuda.get_device_properties(0)
+    result: dict = {
+        "device": props.name,
+        "sms": props.multi_processor_count,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    sections = {
+        "host": host_section,
+        "dense_gemm": dense_section,
+        "expert_gemms": lambda: expert_gemm_section(shapes),
+        "sdpa": sdpa_section,
+        "cudnn_window": cudnn_window_section,
+        "cudnn_sinks": lambda: cudnn_window_section(SINK_CASES),
+        "wgrad_nt": lambda: wgrad_nt_section(shapes),
+        "sdpa_heads": sdpa_heads_section,
+    }
+    chosen = sys.argv[2].split(",") if len(sys.argv) > 2 else list(sections)
+    sections = {k: v for k, v in sections.items() if k in chosen}
+    for name, fn in sections.items():
+        t = time.perf_counter()
+        try:
+            result[name] = fn()
+        except Exception as exc:  # noqa: BLE001
+            result[name] = {"error": repr(exc)[:400], "trace": traceback.format_exc()[-1200:]}
+        print(f"[{name}] {time.perf_counter() - t:.1f} s", flush=True)
+        (out_dir / "kernels_measured.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: result[k] for k in ("device", "torch", "cudnn", "host", "dense_gemm") if k in result}))
+    for name in ("sdpa", "cudnn_window", "cudnn_sinks", "wgrad_nt", "sdpa_heads"):
+        recs = result.get(name, [])
+        for rec in recs if isinstance(recs, list) else [recs]:
+            print(name, {k: v for k, v in rec.items() if k != "trace"})
+            if "trace" in rec:
+                print(rec["trace"])
+    eg = result.get("expert_gemms")
+    if isinstance(eg, list):
+        for e in eg[:80]:
+            f = e["fwd"]
+            print(
+                e["groups"],
+                e["m"],
+                e["n"],
+                e["k"],
+                e["precision"],
+                {p: round(e[p].get("multistream_graph_ms", -1), 3) for p in ("fwd", "dgrad", "wgrad")},
+                "grouped fwd",
+                round(f.get("grouped_kernel_ms", -1), 3),
+                f.get("error", ""),
+            )
+
+
+if __name__ == "__main__":
+    main()
