@@ -15,7 +15,8 @@ recorded, the rest runs):
     `cudnn` frontend package is importable;
   * host costs of eager PyTorch: a kernel launch, a `torch.empty`, a small `F.linear`, a `.item()`;
   * the learnable sink's cost (`cudnn_sinks`), BF16 weight gradients in Transformer Engine's layout
-    (`wgrad_nt`) and cuDNN SDPA throughput against batch x heads (`sdpa_heads`).
+    (`wgrad_nt`), cuDNN SDPA throughput against batch x heads (`sdpa_heads`) and over other lengths, no
+    mask and MLA's head shape (`sdpa_grid`).
 `python bench/device/h100_kernels.py OUT_DIR cudnn_sinks,wgrad_nt` runs only the sections named.
 """
 
@@ -207,6 +208,47 @@ def sdpa_heads_section() -> list[dict]:
             rec["fwd_tflops"], rec["bwd_tflops"] = flops / rec["fwd_ms"] / 1e9, 2.5 * flops / rec["bwd_ms"] / 1e9
         except Exception as exc:  # noqa: BLE001
             rec["error"] = repr(exc)[:300]
+        out.append(rec)
+    return out
+
+
+GRID_CASES = [  # b, h, s, d, causal: the grid-fill form (tiles = b x h x s / 128) at other lengths and masks
+    (1, 8, 8192, 128, True),
+    (1, 16, 8192, 128, True),
+    (1, 32, 8192, 128, True),
+    (1, 64, 8192, 128, True),
+    (1, 16, 2048, 128, True),
+    (1, 64, 2048, 128, True),
+    (4, 64, 2048, 128, True),
+    (1, 8, 4096, 128, False),
+    (1, 32, 4096, 128, False),
+    (2, 64, 4096, 128, False),
+]
+
+
+def sdpa_grid_section() -> list[dict]:
+    """cuDNN SDPA over grids of other sequence lengths and without a mask, forward and backward; and MLA's
+    head shape (query-key 192, value 128) at 4096 causal queries."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = []
+    cases = [(*c, c[3]) for c in GRID_CASES] + [(1, 32, 4096, 192, True, 128), (2, 128, 4096, 192, True, 128)]
+    for b, h, s, d, causal, dv in cases:
+        rec = {"b": b, "h": h, "s": s, "d": d, "dv": dv, "causal": causal}
+        try:
+            q, k = (torch.randn(b, h, s, d, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+            v = torch.randn(b, h, s, dv, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+            do = torch.randn(b, h, s, dv, device=DEV, dtype=torch.bfloat16)
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+                rec["fwd_ms"] = events_time_ms(fwd, 10)
+                o = fwd()
+                rec["bwd_ms"] = events_time_ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), 10)
+            flops = 2.0 * b * h * s * s * (d + dv) / (2 if causal else 1)
+            rec["fwd_tflops"], rec["bwd_tflops"] = flops / rec["fwd_ms"] / 1e9, 2.5 * flops / rec["bwd_ms"] / 1e9
+        except Exception as exc:  # noqa: BLE001
+            rec["error"] = repr(exc)[:300]
+        torch.cuda.empty_cache()
         out.append(rec)
     return out
 
@@ -433,6 +475,7 @@ def main() -> None:
         "cudnn_sinks": lambda: cudnn_window_section(SINK_CASES),
         "wgrad_nt": lambda: wgrad_nt_section(shapes),
         "sdpa_heads": sdpa_heads_section,
+        "sdpa_grid": sdpa_grid_section,
     }
     chosen = sys.argv[2].split(",") if len(sys.argv) > 2 else list(sections)
     sections = {k: v for k, v in sections.items() if k in chosen}
@@ -445,7 +488,7 @@ def main() -> None:
         print(f"[{name}] {time.perf_counter() - t:.1f} s", flush=True)
         (out_dir / "kernels_measured.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: result[k] for k in ("device", "torch", "cudnn", "host", "dense_gemm") if k in result}))
-    for name in ("sdpa", "cudnn_window", "cudnn_sinks", "wgrad_nt", "sdpa_heads"):
+    for name in ("sdpa", "cudnn_window", "cudnn_sinks", "wgrad_nt", "sdpa_heads", "sdpa_grid"):
         recs = result.get(name, [])
         for rec in recs if isinstance(recs, list) else [recs]:
             print(name, {k: v for k, v in rec.items() if k != "trace"})

@@ -93,7 +93,8 @@ def op_time_s(gpu: GPU, op: Op, backward: bool, plan: Plan) -> float:
         # each query block loops over this rank's seq_len / cp keys, or over the window or chunk that bounds it
         span = op.kv_span or plan.seq_len // plan.cp
         frac = attention_fraction(gpu, plan.attention_kernel, span, backward, op.head_dim)
-        frac *= attention_grid_fill(gpu, op.query_rows)
+        if plan.causal:  # a causal grid's tiles differ in length; without a mask they are alike
+            frac *= attention_grid_fill(gpu, op.query_rows)
         # Flash attention's compute runs at the BF16 rate even under FP8 GEMM recipes.
         io = memory_time_s(gpu, op.bwd_bytes if backward else op.bytes)
         sinks = SINK_BWD_ROW_S * op.query_rows if backward and op.sinks else 0.0

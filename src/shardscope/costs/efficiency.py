@@ -60,11 +60,14 @@ DEFAULT_ATTENTION_KERNEL = {"ampere": "fa2", "hopper": "fa3", "blackwell": "fa3"
 # the 16k-sequence figures above. A sliding window or chunk bounds the loop at its size.
 ATTENTION_S0 = 512
 ATTENTION_S_REF = 16384
-# Flash attention's grid is one thread block per 128-query tile of each (sequence, head); a small grid's
-# last waves leave SMs idle, the more so under a causal mask, whose tiles differ in length. Measured
-# (validation/kernels_measured_h100.json `sdpa_heads`: cuDNN 9.19 through PyTorch SDPA on one H100, 4096
-# causal queries, head dim 128, batch x heads 8 to 256, i.e. 256 to 8192 tiles): forward 285 to 601 TFLOPS,
-# backward 218 to 455, which tiles / (tiles + 2 x SMs) follows within 7%. The fractions above hold at the
+# Flash attention's grid is one thread block per 128-query tile of each (sequence, head); under a causal
+# mask the tiles differ in length, and a small grid's last waves leave SMs idle. Measured
+# (validation/kernels_measured_h100.json `sdpa_heads`, `sdpa_grid`: cuDNN 9.19 through PyTorch SDPA on one
+# H100, 4096 causal queries, head dim 128, batch x heads 8 to 256, i.e. 256 to 8192 tiles): forward 285 to
+# 601 TFLOPS, backward 218 to 455, which tiles / (tiles + 2 x SMs) follows within 7%; at 8192 queries the
+# same form holds (512 to 4096 tiles, within 13%). Without a mask the tiles are alike and the loss is small
+# (8 heads of 4096 queries: 446 TFLOPS forward against 626 at 64 x 2), so the fill is applied to causal
+# (and windowed) attention only. The fractions above hold at the
 # FlashAttention-3 benchmark's grid (16k tokens x 16 heads of 128 = 2048 tiles): a smaller grid runs at
 # the fill relative to it. A larger one is held at the fractions: cuDNN's published H200 and GB200 timings
 # of 4k to 33k tiles (tests/test_kernels_measured.py) do not rise with the grid as this H100 did (+10%).
