@@ -16,7 +16,8 @@ recorded, the rest runs):
   * host costs of eager PyTorch: a kernel launch, a `torch.empty`, a small `F.linear`, a `.item()`;
   * the learnable sink's cost (`cudnn_sinks`), BF16 weight gradients in Transformer Engine's layout
     (`wgrad_nt`), cuDNN SDPA throughput against batch x heads (`sdpa_heads`) and over other lengths, no
-    mask and MLA's head shape (`sdpa_grid`).
+    mask and MLA's head shape (`sdpa_grid`), and GPT-OSS's eager elementwise ops with the host ahead
+    (`eager_elementwise`).
 `python bench/device/h100_kernels.py OUT_DIR cudnn_sinks,wgrad_nt` runs only the sections named.
 """
 
@@ -253,6 +254,83 @@ def sdpa_grid_section() -> list[dict]:
     return out
 
 
+def eager_gpu_ms(fn, inputs: list[torch.Tensor], reps: int = 10) -> tuple[float, float]:
+    """GPU time of fn()'s forward and of its backward as eager PyTorch runs them with the host ahead: a
+    sleep kernel holds the stream while the host queues both, so the kernels run back to back with only
+    the GPU's own gaps between them. Medians over `reps`."""
+    for _ in range(3):
+        y = fn()
+        torch.autograd.grad(y, inputs, torch.ones_like(y))
+    grad = torch.randn_like(fn())
+    fwd, bwd = [], []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(100_000_000)  # ~50 ms at the boost clock
+        a, b, c = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        a.record()
+        y = fn()
+        b.record()
+        torch.autograd.grad(y, inputs, grad)
+        c.record()
+        c.synchronize()
+        fwd.append(a.elapsed_time(b))
+        bwd.append(b.elapsed_time(c))
+    return statistics.median(fwd), statistics.median(bwd)
+
+
+def megatron_rope(t: torch.Tensor, freqs: torch.Tensor, mscale: float) -> torch.Tensor:
+    """Megatron-Core's unfused RoPE (`_apply_rotary_pos_emb_bshd`, core_v0.16.0), as tests/test_moe.py."""
+    rot = freqs.shape[-1]
+    t, t_pass = t[..., :rot], t[..., rot:]
+    cos, sin = ((f(freqs) * mscale).to(t.dtype) for f in (torch.cos, torch.sin))
+    x1, x2 = torch.chunk(t, 2, dim=-1)
+    return torch.cat(((t * cos) + (torch.cat((-x2, x1), dim=-1) * sin), t_pass), dim=-1)
+
+
+def eager_elementwise_section() -> list[dict]:
+    """GPT-OSS's eager elementwise ops at its H100 rows' shapes (EP 8: 16 local experts, top-4, hidden and
+    expert width 2880, 64 query and 8 key-value heads of 64, 4096 tokens a sequence), written as
+    tests/test_moe.py writes them: the experts' fp32 down-projection bias (`_apply_bias`), the gate/up clamp,
+    the unfused YaRN RoPE of q and k; micro-batches of 1 and 4."""
+    out = []
+    h, ffn, experts, top_k, s = 2880, 2880, 16, 4, 4096
+    for mbs in (1, 4):
+        rows = s * mbs * top_k // experts  # rows per local expert at the mean load
+        rec: dict = {"micro_batch": mbs, "rows_per_expert": rows}
+        try:
+            y = torch.randn(experts * rows, h, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+            biases = [torch.randn(h, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(experts)]
+            probs = torch.rand(experts * rows, 1, device=DEV, requires_grad=True)
+
+            def bias():
+                chunks = zip(torch.split(y, rows), biases, torch.split(probs, rows), strict=True)
+                return torch.cat([t + b * p for t, b, p in chunks]).to(torch.bfloat16)
+
+            rec["bias_fwd_ms"], rec["bias_bwd_ms"] = eager_gpu_ms(bias, [y, *biases, probs])
+            gu = torch.randn(s * mbs * top_k, 2 * ffn, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+
+            def clamp():
+                gate, up = gu.chunk(2, -1)
+                return torch.cat((gate.clamp(max=7.0), up.clamp(-7.0, 7.0)), -1)
+
+            rec["clamp_fwd_ms"], rec["clamp_bwd_ms"] = eager_gpu_ms(clamp, [gu])
+            freqs = torch.randn(s, 1, 1, 64, device=DEV)
+            q = torch.randn(s, mbs, 64, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+            k = torch.randn(s, mbs, 8, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+            fq, bq = eager_gpu_ms(lambda: megatron_rope(q, freqs, 1.35), [q])
+            fk, bk = eager_gpu_ms(lambda: megatron_rope(k, freqs, 1.35), [k])
+            rec["rope_fwd_ms"], rec["rope_bwd_ms"] = fq + fk, bq + bk
+            x = torch.randn(s * mbs, h, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+            r = torch.randn(s * mbs, h, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+            rec["residual_fwd_ms"], rec["residual_bwd_ms"] = eager_gpu_ms(lambda: x + r, [x, r])
+        except Exception as exc:  # noqa: BLE001
+            rec["error"] = repr(exc)[:300]
+            rec["trace"] = traceback.format_exc()[-800:]
+        torch.cuda.empty_cache()
+        out.append(rec)
+    return out
+
+
 def dense_section() -> dict:
     out = {}
     for prec in ("bf16", "fp8"):
@@ -476,6 +554,7 @@ def main() -> None:
         "wgrad_nt": lambda: wgrad_nt_section(shapes),
         "sdpa_heads": sdpa_heads_section,
         "sdpa_grid": sdpa_grid_section,
+        "eager_elementwise": eager_elementwise_section,
     }
     chosen = sys.argv[2].split(",") if len(sys.argv) > 2 else list(sections)
     sections = {k: v for k, v in sections.items() if k in chosen}
@@ -488,7 +567,7 @@ def main() -> None:
         print(f"[{name}] {time.perf_counter() - t:.1f} s", flush=True)
         (out_dir / "kernels_measured.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: result[k] for k in ("device", "torch", "cudnn", "host", "dense_gemm") if k in result}))
-    for name in ("sdpa", "cudnn_window", "cudnn_sinks", "wgrad_nt", "sdpa_heads", "sdpa_grid"):
+    for name in ("sdpa", "cudnn_window", "cudnn_sinks", "wgrad_nt", "sdpa_heads", "sdpa_grid", "eager_elementwise"):
         recs = result.get(name, [])
         for rec in recs if isinstance(recs, list) else [recs]:
             print(name, {k: v for k, v in rec.items() if k != "trace"})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from shardscope.costs.efficiency import (
+    ATEN_HBM_FRACTION,
     HBM_FRACTION,
     KERNEL_GAP_S,
     attention_fraction,
@@ -34,8 +35,10 @@ ATTENTION_BWD_KERNELS = 3
 SINK_BWD_ROW_S = 1.5e-9
 
 
-def memory_time_s(gpu: GPU, nbytes: float) -> float:
-    return nbytes / (gpu.hbm_gbps * 1e9 * HBM_FRACTION)
+def memory_time_s(gpu: GPU, nbytes: float, aten: bool = False) -> float:
+    """Streaming time of `nbytes` at `HBM_FRACTION` of HBM bandwidth (`ATEN_HBM_FRACTION` for eager ATen
+    kernels over strided, broadcast or mixed-precision operands)."""
+    return nbytes / (gpu.hbm_gbps * 1e9 * (ATEN_HBM_FRACTION if aten else HBM_FRACTION))
 
 
 def gemm_time_s(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", groups: int = 1) -> float:
@@ -100,7 +103,7 @@ def op_time_s(gpu: GPU, op: Op, backward: bool, plan: Plan) -> float:
         sinks = SINK_BWD_ROW_S * op.query_rows if backward and op.sinks else 0.0
         return max(flops / (gpu.bf16_tflops * 1e12 * frac), io) + sinks + gaps
     nbytes = op.bwd_bytes if backward else op.bytes
-    return memory_time_s(gpu, nbytes) + gaps
+    return memory_time_s(gpu, nbytes, op.aten) + gaps
 
 
 def group_times_s(gpu: GPU, unit: OpGroup, plan: Plan) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -78,6 +78,13 @@ ATTENTION_TILES_REF = 2048
 # Streaming kernels (norms, activations, adds, casts) reach ~85% of datasheet HBM bandwidth
 # (BabelStream triad on A100/H100 measures 0.85-0.9 of peak).
 HBM_FRACTION = 0.85
+# Eager PyTorch elementwise kernels (ATen's TensorIterator) over strided views (`chunk` halves), broadcast
+# operands or mixed bf16/fp32 inputs load without wide vectors and stream slower. Measured with the host
+# ahead on one H100 (validation/kernels_measured_h100.json `eager_elementwise`): GPT-OSS's expert bias in
+# fp32, gate/up clamp and unfused YaRN RoPE, written as Megatron-Core runs them, at 1 and 4 sequences of
+# 4096 tokens: 0.49-0.66 of HBM bandwidth after 2 us a kernel, geometric mean 0.56, where a contiguous add
+# of the same run streams at 0.78-0.88. Ops marked `aten` take it.
+ATEN_HBM_FRACTION = 0.56
 # GPU-side gap between dependent kernels (launch latency + tail drain), ~2 us per kernel on current
 # NVIDIA GPUs when the CPU runs ahead (Nsight traces of eager PyTorch training steps).
 KERNEL_GAP_S = 2e-6

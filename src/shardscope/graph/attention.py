@@ -47,6 +47,7 @@ def _unfused_rope(t: int, plan: Plan, width: int, head_dim: int) -> Op:
         cheap=True,
         launches=2 * 12,
         bwd_launches=2 * 8,
+        aten=True,
     )
 
 

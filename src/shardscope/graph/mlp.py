@@ -46,7 +46,14 @@ def _glu_clamp(name: str, values: float) -> Op:
     le, where) and concatenates them (7 kernels). Bytes per gate/up pair, in bf16 values: 8 forward, 15
     backward (what the ATen ops read and write, test_moe)."""
     return Op(
-        name, "memory", bytes=8 * BF16 * values, bwd_bytes=15 * BF16 * values, cheap=True, launches=3, bwd_launches=7
+        name,
+        "memory",
+        bytes=8 * BF16 * values,
+        bwd_bytes=15 * BF16 * values,
+        cheap=True,
+        launches=3,
+        bwd_launches=7,
+        aten=True,
     )
 
 
@@ -156,6 +163,7 @@ def _deepep_routing_map(moe: MoESpec, plan: Plan, tokens: float) -> Op:
         bwd_stream_sync=True,
         launches=11,
         bwd_launches=3,
+        aten=True,
     )
 
 
@@ -360,6 +368,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
                 bwd_bytes=40 * bias_values,
                 launches=2 * local_experts + 2,
                 bwd_launches=6 * local_experts + 3,
+                aten=True,
             )
         )
     if te_pads:

@@ -21,7 +21,9 @@ class Op:
 
     `gemm`: `mnk` is the forward (M, N, K); backward is two GEMMs of the same FLOPs (dgrad, wgrad).
     `attention`: flash attention; backward FLOPs are 2.5x forward (5 matmuls vs 2, Dao 2023).
-    `memory`: bandwidth-bound (norms, activations, rope, residual adds, casts, loss).
+    `memory`: bandwidth-bound (norms, activations, rope, residual adds, casts, loss); `aten` marks a chain
+    of eager PyTorch (ATen) kernels over strided, broadcast or mixed-precision operands, which stream slower
+    than fused or contiguous kernels (`costs.efficiency.ATEN_HBM_FRACTION`).
     `cheap` ops are the ones the "selective" recompute policy recomputes instead of saving.
     `scope` is the Megatron-Core CUDA-graph module that captures the op (`--cuda-graph-modules`: attn,
     mlp, moe_router, moe_preprocess, moe); `host_sync` marks an op the host issues only after waiting for
@@ -53,6 +55,7 @@ class Op:
     kv_span: int = 0  # attention: keys a query's kernel loop covers when a window or chunk bounds it (0: all)
     query_rows: int = 0  # attention: (sequence, head, query) rows this GPU's kernel runs (0: not stated)
     sinks: bool = False  # attention: a learned sink logit per head (its gradient costs the backward a pass)
+    aten: bool = False  # memory: eager PyTorch kernels over strided, broadcast or mixed-precision operands
 
 
 @dataclass(frozen=True, slots=True)
