@@ -229,6 +229,21 @@ def test_sliding_window_is_priced_and_exported_alike(name, window):
     assert args.get("--window-size") == (f"({window - 1},0)" if window else None)
 
 
+def test_fused_expert_mlp_exports_the_op_fuser_and_its_environment():
+    """The fused grouped MLP is Megatron's `--use-transformer-engine-op-fuser` plus an environment variable,
+    which the export names in its notes."""
+    from shardscope.planner.export import _megatron
+
+    m, plan = _plan("qwen3-30b-a3b", dict(tp=1, precision="fp8", fp8_recipe="mxfp8"))
+    assert not plan.fused_expert_mlp and "--use-transformer-engine-op-fuser" not in to_megatron(m, plan)
+    fused = dataclasses.replace(plan, fused_expert_mlp=True)
+    args, notes = _megatron(m, fused)
+    assert "--use-transformer-engine-op-fuser" in args
+    assert any("NVTE_CUTEDSL_FUSED_GROUPED_MLP=1" in n for n in notes)
+    flags = (Path(__file__).parent.parent / "validation" / "megatron_lm_flags.txt").read_text().split()
+    assert "--use-transformer-engine-op-fuser" in flags
+
+
 def test_deepeps_fused_routing_map_is_megatrons_experimental_switch():
     """Megatron-Core builds DeepEP's routing map with its fused kernel only under `--enable-experimental`
     (token_dispatcher.py, core_v0.15-0.19): the export turns it on exactly when the plan priced that."""

@@ -852,3 +852,37 @@ def test_sliding_window_attention_runs_at_the_window_loop_efficiency():
     ratio = attention_fraction(gpu, "auto", plan.seq_len, False, 64) / attention_fraction(gpu, "auto", 128, False, 64)
     assert per_flop["window"] / per_flop["full"] == pytest.approx(ratio, rel=0.05)
     assert ratio > 3
+
+
+def test_fused_expert_mlp_drops_the_eager_kernels_it_fuses():
+    """Transformer Engine's fused grouped MLP (Megatron-Core `use_transformer_engine_op_fuser` with
+    NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, TE `ops/fused/grouped_mlp.py`) computes GPT-OSS's clamped GLU, routing
+    weights and expert biases in its grouped GEMMs' epilogues and takes ragged expert groups: the graph
+    keeps the GEMMs and drops the clamp, the activation kernel, the fp32 bias chain and TE's FP8 row
+    padding, and the clamp's saved copy. It is MXFP8-only (so Blackwell) and needs gated MoE experts."""
+    from shardscope.errors import ShardscopeError
+
+    model = load_model("gpt-oss-120b")
+    cluster = make_cluster("GB200", 64)
+    kw = dict(ep=64, global_batch=256, micro_batch=4, seq_len=4096, precision="fp8", fp8_recipe="mxfp8")
+    eager = make_plan(model, cluster, **kw)
+    fused = make_plan(model, cluster, fused_expert_mlp=True, **kw)
+
+    def moe_layer(plan):
+        return next(g for k, g in build_stage_graph(model, plan).layers.items() if k.mlp == "moe")
+
+    before, after = moe_layer(eager), moe_layer(fused)
+    names = {op.name for op in before.ops} - {op.name for op in after.ops}
+    assert names == {"experts gate, up clamp", "experts swiglu", "experts down proj bias (fp32)", "experts fp8 pad",
+                     "experts fp8 unpad"}  # fmt: skip
+    assert {op.name for op in after.ops if op.kind == "gemm"} == {op.name for op in before.ops if op.kind == "gemm"}
+    saved = {s.name for s in before.saved} - {s.name for s in after.saved}
+    assert saved == {"experts clamped gate, up"}
+    assert shardscope.estimate("gpt-oss-120b", gpu="GB200", gpus=64, fused_expert_mlp=True, **kw).step_time_s < (
+        shardscope.estimate("gpt-oss-120b", gpu="GB200", gpus=64, **kw).step_time_s
+    )
+    with pytest.raises(ShardscopeError, match="mxfp8"):
+        make_plan(model, cluster, fused_expert_mlp=True, **{**kw, "fp8_recipe": "tensorwise"})
+    with pytest.raises(ShardscopeError, match="gated experts"):
+        make_plan(load_model("llama3-8b"), make_cluster("GB200", 8), fused_expert_mlp=True, global_batch=8,
+                  precision="fp8", fp8_recipe="mxfp8")  # fmt: skip

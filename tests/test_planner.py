@@ -696,3 +696,20 @@ def test_search_tries_hybridep_where_deepep_runs_past_its_nvlink_peers():
     assert dispatchers("GB200", 8, auto) == {"flat", "deepep"}
     assert dispatchers("H100", 32, auto) == {"flat", "deepep"}
     assert dispatchers("GB200", 32, SearchSpace(ep_dispatches=("deepep",))) == {"deepep"}
+
+
+def test_search_runs_mxfp8_experts_as_transformer_engines_fused_grouped_mlp():
+    """Under MXFP8 (Blackwell) the search prices MoE experts as Transformer Engine's fused grouped MLP,
+    which Megatron-Core runs with `--use-transformer-engine-op-fuser`: it only drops kernels, so no plan
+    is slower for it. Under per-tensor FP8 it stays off (the fused MLP is MXFP8-only)."""
+    from shardscope.planner.space import SearchSpace
+
+    m, c = load_model("qwen3-30b-a3b"), make_cluster("B200", 16)
+    mx = search(m, c, 256, 4096, space=SearchSpace(precision="fp8", fp8_recipe="mxfp8")).candidates[0]
+    assert mx.plan.ep > 1 and mx.plan.fused_expert_mlp
+    unfused = dataclasses.replace(mx.plan, fused_expert_mlp=False)
+    from shardscope.analytic.step import estimate_step
+
+    assert estimate_step(m, c, unfused).step_time_s > mx.estimate.step_time_s
+    cs = search(m, c, 256, 4096, space=SearchSpace(precision="fp8")).candidates[0]
+    assert cs.plan.ep > 1 and not cs.plan.fused_expert_mlp

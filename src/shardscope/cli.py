@@ -90,6 +90,13 @@ DeepepFusedRoutingMap = Annotated[
     bool,
     typer.Option(help="DeepEP: fused routing-map kernel (Megatron --enable-experimental); off, it syncs"),
 ]
+FusedExpertMlp = Annotated[
+    bool,
+    typer.Option(
+        help="Transformer Engine's fused grouped MLP for the experts (Megatron --use-transformer-engine-op-fuser "
+        "with NVTE_CUTEDSL_FUSED_GROUPED_MLP=1; MXFP8 on Blackwell)"
+    ),
+]
 FusedCrossEntropy = Annotated[
     bool,
     typer.Option(help="fused cross-entropy kernel: no fp32 copy of the logits (default: unfused, fp32 upcast)"),
@@ -120,7 +127,7 @@ PLAN_OPTIONS = (
     "moe_skew", "moe_imbalance", "capacity_factor", "pad_to_capacity", "mtp", "ep_comm_overlap", "ep_dispatch",
     "fsdp_prefetch", "cuda_graphs", "fused_activation", "fused_cross_entropy", "offload_optimizer",
     "offload_activations", "optimizer_moments", "main_grads", "overlap_grad_reduce", "moe_router_padding",
-    "deepep_fused_routing_map",
+    "deepep_fused_routing_map", "fused_expert_mlp",
 )  # fmt: skip
 
 
@@ -179,6 +186,7 @@ def estimate(
     pad_to_capacity: PadToCapacity = True,
     moe_router_padding: MoeRouterPadding = False,
     deepep_fused_routing_map: DeepepFusedRoutingMap = False,
+    fused_expert_mlp: FusedExpertMlp = False,
     mtp: Mtp = False,
     ep_comm_overlap: EpCommOverlap = False,
     ep_dispatch: EpDispatch = "flat",
@@ -334,6 +342,7 @@ def budget(
     pad_to_capacity: PadToCapacity = True,
     moe_router_padding: MoeRouterPadding = False,
     deepep_fused_routing_map: DeepepFusedRoutingMap = False,
+    fused_expert_mlp: FusedExpertMlp = False,
     mtp: Mtp = False,
     ep_comm_overlap: EpCommOverlap = False,
     ep_dispatch: EpDispatch = "flat",

@@ -164,6 +164,7 @@ GRAPH_FIELDS = (
     "capacity_factor",
     "pad_to_capacity",
     "deepep_fused_routing_map",
+    "fused_expert_mlp",
     "tp_comm_overlap",
     "ep_comm_overlap",
     "ep_dispatch",

@@ -68,6 +68,7 @@ def _ffn(
     modules: tuple[str, ...] = ("mlp",),
     act_module: str = "",
     fused: bool = False,
+    fused_mlp: bool = False,
 ):
     """Gate/up GEMM, activation, down GEMM on `tokens` rows of width `ffn` (already TP/ETP-split), all
     tagged with the Megatron recompute `modules` that re-run them (and the activation with `act_module`).
@@ -75,9 +76,13 @@ def _ffn(
     weighted quick-GEGLU (GPT-OSS experts) makes its linear offset a GPU tensor with `torch.tensor(offset,
     device=...)` first (`weighted_bias_quick_geglu_impl`, core_v0.15-0.19): a pageable host-to-device copy,
     which synchronises the whole stream (PyTorch issue #120996: `memcpy_and_sync`), so the host waits
-    before the activation with the queue empty, even beside another micro-batch's queued backward."""
+    before the activation with the queue empty, even beside another micro-batch's queued backward.
+    `fused_mlp`: Transformer Engine's fused grouped MLP computes the GLU (its clamp included) and the routing
+    weights in the gate/up GEMM's epilogue and its gradient in the dgrad's (`grouped_mlp.py`, TE 2.15+): no
+    activation kernel and no clamp of its own; what backward needs stays saved."""
     h = model.hidden
     quick_geglu_copy = fused and bool(act_module) and model.glu_gate == "quick_gelu"  # weighted (experts)
+    quick_geglu_copy = quick_geglu_copy and not fused_mlp
     ops: list[Op] = []
     saved: list[Saved] = []
     pre = f"{name} " if name else ""
@@ -99,10 +104,12 @@ def _ffn(
             *([] if fused else [Saved(f"{pre}silu(gate)", BF16 * tokens * ffn, NONE_ONLY)]),
             Saved(f"{pre}swiglu out (down input)", gemm_in * tokens * ffn, NONE_ONLY),
         ]
-        if model.glu_clamp:
+        if model.glu_clamp and not fused_mlp:
             ops.insert(1, _glu_clamp(f"{pre}gate, up clamp", tokens * ffn))
             # the clamps keep their input (gate, up); the GLU keeps the clamped copy
             saved.insert(1, Saved(f"{pre}clamped gate, up", 2 * BF16 * tokens * ffn, NONE_ONLY))
+        if fused_mlp:
+            ops.pop(1)  # the GLU runs in the GEMMs' epilogues
         up_width = 2 * ffn
     else:
         ops.append(gemm(f"{pre}up proj", tokens, ffn, h, fp8, groups))
@@ -324,6 +331,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
         modules=(),
         act_module="moe_act",
         fused=plan.fused_activation,
+        fused_mlp=plan.fused_expert_mlp,
     )
     # Counts not aligned to the FP8 GEMM's rows (TE `get_align_size_for_quantization`: 32 for MXFP8, else
     # 16), by the router's padding, HybridEP's padded dispatch (`pad_multiple`, core_v0.16-0.18
@@ -334,7 +342,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     # row each, and the reverse copies of the gradients in backward.
     capacity_rows = math.ceil(tm * moe.top_k / moe.experts * plan.capacity_factor) * plan.etp * plan.ep
     aligned = plan.moe_router_padding or plan.ep_dispatch == "hybridep" or (padded and capacity_rows % align == 0)
-    te_pads = sh.fp8 and not aligned
+    te_pads = sh.fp8 and not aligned and not plan.fused_expert_mlp  # the fused MLP takes ragged groups
     pad = 2 * BF16 * routed * h  # a read and a write of every routed row
     if te_pads:
         e_ops.insert(
@@ -352,7 +360,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     ops += e_ops
     saved += e_saved
     fi, fg = fi + si, fg + sg
-    if moe.expert_bias:
+    if moe.expert_bias and not plan.fused_expert_mlp:  # the fused MLP adds the biases in its epilogues
         # Megatron-Core's TEGroupedMLP adds the down projection's bias outside the GEMM, per expert and
         # weighted by the routing probability, in fp32 (`_apply_bias`, core_v0.15.0): b * p, t + b * p,
         # a concatenation and a cast back to bf16 read and write 28 bytes per routed value forward; backward

@@ -78,6 +78,10 @@ class Plan:
     # `fused_indices_to_multihot`, under `--enable-experimental` with `--moe-permute-fusion`); off (Megatron's
     # default), `_indices_to_multihot` indexes with boolean masks, which synchronise the stream
     deepep_fused_routing_map: bool = False
+    # Transformer Engine's fused grouped MLP for the experts (Megatron-Core `use_transformer_engine_op_fuser`
+    # with NVTE_CUTEDSL_FUSED_GROUPED_MLP=1; MXFP8 on Blackwell): gate/up GEMM, GLU, routing weights, biases
+    # and down GEMM in fused grouped kernels, without Transformer Engine's FP8 row padding
+    fused_expert_mlp: bool = False
     mtp: bool = False  # train the model's multi-token-prediction modules
     ep_comm_overlap: bool = False  # hide EP all-to-alls under another micro-batch's compute
     fsdp_prefetch: int = 1  # FSDP layers gathered ahead of the one computing (forward and backward)
@@ -395,6 +399,13 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         raise ShardscopeError(f"--ep-dispatch must be one of {', '.join(EP_DISPATCHERS)}, got {plan.ep_dispatch!r}")
     if plan.moe_router_padding and (model.moe is None or plan.precision != "fp8"):
         raise ShardscopeError("--moe-router-padding pads an MoE router's counts for FP8: it needs --precision fp8")
+    if plan.fused_expert_mlp and not (
+        model.moe is not None and model.mlp == "swiglu" and plan.precision == "fp8" and plan.fp8_recipe == "mxfp8"
+    ):
+        raise ShardscopeError(
+            "--fused-expert-mlp is Transformer Engine's fused grouped MLP: it needs an MoE model with gated experts "
+            "and --precision fp8 --fp8-recipe mxfp8"
+        )
     if not plan.pad_to_capacity and plan.capacity_factor <= 0:
         raise ShardscopeError("--no-pad-to-capacity applies to token dropping: it needs --capacity-factor > 0")
     if plan.moe_imbalance < 1 or plan.moe_skew < 0 or plan.capacity_factor < 0:

@@ -354,6 +354,9 @@ def _megatron(model: ModelSpec, plan: Plan) -> tuple[list[str], list[str]]:
         args += ["--moe-flex-dispatcher-backend", plan.ep_dispatch] if flex else []
         args += ["--moe-router-padding-for-quantization"] if plan.moe_router_padding else []
         args += ["--enable-experimental"] if plan.ep_dispatch == "deepep" and plan.deepep_fused_routing_map else []
+        if plan.fused_expert_mlp:
+            args.append("--use-transformer-engine-op-fuser")
+            notes.append("set NVTE_CUTEDSL_FUSED_GROUPED_MLP=1 in the environment: the fused expert MLP needs it")
     if plan.sp:
         args.append("--sequence-parallel")
     if plan.fsdp or plan.zero == 3:

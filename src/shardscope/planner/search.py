@@ -132,7 +132,8 @@ def moe_variants(plan: Plan, space: SearchSpace, cluster: Cluster) -> Iterator[P
     NVLink peers inside one NVLink domain (GB200 NVL72) tries HybridEP in DeepEP's place: DeepEP runs
     well under it there (`costs.comm.DEEPEP_MNNVL_GBPS`), as NVIDIA's DeepSeek-V3 GB200 guide found. DeepEP
     builds its routing map fused (Megatron's `--enable-experimental`, which the export then sets): unfused
-    it synchronises the stream for nothing."""
+    it synchronises the stream for nothing. Under MXFP8 the experts run Transformer Engine's fused grouped
+    MLP (`Plan.fused_expert_mlp`), which only saves work."""
     if plan.ep == 1:
         yield plan
         return
@@ -144,7 +145,13 @@ def moe_variants(plan: Plan, space: SearchSpace, cluster: Cluster) -> Iterator[P
         for overlap in space.ep_overlaps:
             if overlap and not overlap_ok:
                 continue
-            yield evolve(plan, ep_dispatch=dispatch, ep_comm_overlap=overlap, deepep_fused_routing_map=True)
+            yield evolve(
+                plan,
+                ep_dispatch=dispatch,
+                ep_comm_overlap=overlap,
+                deepep_fused_routing_map=True,
+                fused_expert_mlp=plan.precision == "fp8" and plan.fp8_recipe == "mxfp8",
+            )
 
 
 def _stage_time_s(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:

@@ -318,6 +318,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             capacity_factor=settings.get("capacity_factor", 0.0),
             moe_router_padding=bool(settings.get("moe_router_padding")) and precision == "fp8",
             deepep_fused_routing_map=bool(settings.get("enable_experimental")),
+            fused_expert_mlp=bool(settings.get("fused_expert_mlp")),
             optimizer_moments=settings.get("optimizer_moments", "fp32"),
             main_grads=settings.get("main_grads", "fp32"),
             offload_optimizer=bool(settings.get("offload_optimizer")),
