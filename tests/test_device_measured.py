@@ -189,3 +189,14 @@ def test_eager_elementwise_ops_stream_as_measured():
         residual = ops["mlp residual add"]
         assert not residual.aten
         assert op_time_s(H100, residual, False, plan) == pytest.approx(rec["residual_fwd_ms"] * 1e-3, rel=0.1)
+
+
+def test_host_costs_are_the_measured_ones():
+    """The host model's per-call costs are the H100 machine's: an eager kernel launch, an allocation that
+    launches nothing, and a plain PyTorch GEMM call (costs/host.py says why these, not older figures)."""
+    from shardscope.costs.host import ALLOC_S, LAUNCH_S, TORCH_GEMM_S
+
+    host = MEASURED["host"]
+    assert pytest.approx(host["launch_add_us"] * 1e-6, rel=0.01) == LAUNCH_S
+    assert pytest.approx(host["torch_empty_us"] * 1e-6, rel=0.01) == ALLOC_S
+    assert pytest.approx(host["f_linear_us"] * 1e-6, rel=0.01) == TORCH_GEMM_S

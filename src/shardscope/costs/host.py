@@ -28,11 +28,17 @@ from shardscope.graph.fp8 import QUANT_KERNELS
 from shardscope.graph.ops import Collective, Op
 from shardscope.plan.plan import Plan
 
-# Host time per eager kernel launch through PyTorch: 4-6 us (PyTorch issue #82793 on A100; Nsight
-# profiles of eager training steps on NVL72); also the cost of one PyTorch API call that launches no
-# kernel, such as a `torch.empty` ("several microseconds", Megatron-LM DeepSeek-V3 GB200 guide). Each
-# memory op of the graph counts its `launches`.
-LAUNCH_S = 5e-6
+# Host costs of eager PyTorch calls, measured on the H100 machine lent to this project (PyTorch 2.11, a
+# virtualised 16-core Xeon; validation/kernels_measured_h100.json `host`, bench/device/h100_kernels.py):
+# a call that launches one kernel (`torch.add` into a preallocated tensor) 9.9 us, a call that launches
+# none (`torch.empty`) 4.9 us, a small `F.linear` 24.4 us. They replace the 5 us (PyTorch issue #82793, 4-6
+# us on an A100 system, PyTorch 1.12) and 13.5 us (TransformerEngine issue #2053's torch-backend Linear
+# forward on an H100 DGX) taken before. That DGX ran `F.linear` 1.8x faster than this machine, so a bare
+# DGX host may be quicker per call; but training steps spend more host time than any such microbenchmark
+# (the CUDA-graph A/B of test_host gains 22% where these costs give 9%). Each memory op counts its
+# `launches`.
+LAUNCH_S = 9.9e-6
+ALLOC_S = 4.9e-6
 # Host time of one Transformer Engine module call (Linear, LayerNormLinear, GroupedLinear,
 # DotProductAttention) in one phase, its Python set-up and first kernel included. Measured: te.Linear BF16
 # forward 99.7 us of CPU time on GB200 and 90.5 us on GH200 (TransformerEngine issue #2053, 2025); Megatron's
@@ -45,12 +51,12 @@ TE_MODULE_S = 100e-6
 # pre-quantized operands, while one CUTLASS grouped kernel does the same math in 0.069 ms: the loop is
 # host-bound at 33 us a GEMM.
 GEMM_CALL_S = 33e-6
-# A GEMM issued by plain PyTorch (`F.linear`, Megatron's router): 13.5 us of CPU time per forward on an
-# H100 DGX (TransformerEngine issue #2053, torch backend).
-TORCH_GEMM_S = 13.5e-6
+# A GEMM issued by plain PyTorch (`F.linear`, Megatron's router): measured as above.
+TORCH_GEMM_S = 24.4e-6
 # Per FP8 GEMM operand quantized in a phase, per expert: its kernels (`graph.fp8.QUANT_KERNELS`) and the
 # tensors allocated for the result (block-scaled recipes: data and scales, row- and column-wise = 4;
-# per-tensor: data and its transpose = 2; Megatron-LM DeepSeek-V3 GB200 guide, MXFP8), each one call.
+# per-tensor: data and its transpose = 2; Megatron-LM DeepSeek-V3 GB200 guide, MXFP8), each a call of
+# `LAUNCH_S` or `ALLOC_S`.
 # Known inconsistency, kept: Transformer Engine's grouped (split) quantize allocates its block-scaled
 # experts' tensors in bulk since PR #1934 (July 2025), so per expert these calls overstate it; yet the
 # DeepSeek-V3 GB200 guide's Nsight view of eager MXFP8 routed experts shows 2.7-3.3 ms of host time
@@ -93,7 +99,7 @@ def op_host_s(op: Op, backward: bool, plan: Plan) -> float:
     if not (op.fp8 and plan.precision == "fp8"):
         return issue
     recipe = plan.fp8_recipe
-    return issue + op.groups * (QUANT_KERNELS[recipe] + QUANT_ALLOCS[recipe]) * LAUNCH_S
+    return issue + op.groups * (QUANT_KERNELS[recipe] * LAUNCH_S + QUANT_ALLOCS[recipe] * ALLOC_S)
 
 
 def moe_graphed(plan: Plan) -> bool:
