@@ -17,7 +17,7 @@ recorded, the rest runs):
   * the learnable sink's cost (`cudnn_sinks`), BF16 weight gradients in Transformer Engine's layout
     (`wgrad_nt`), cuDNN SDPA throughput against batch x heads (`sdpa_heads`) and over other lengths, no
     mask and MLA's head shape (`sdpa_grid`), and GPT-OSS's eager elementwise ops with the host ahead
-    (`eager_elementwise`).
+    (`eager_elementwise`); host time per op under autograd, forward and backward (`host_autograd`).
 `python bench/device/h100_kernels.py OUT_DIR cudnn_sinks,wgrad_nt` runs only the sections named.
 """
 
@@ -531,6 +531,44 @@ def host_section() -> dict:
     return out
 
 
+def host_autograd_section() -> dict:
+    """Host time per eager op as a training step runs it: forward ops recorded by autograd, and the
+    backward ops the autograd engine launches for them (a chain of 2000 elementwise ops on 16 values, so
+    the GPU never holds the host up)."""
+    n = 2000
+    x = torch.ones(16, device=DEV, requires_grad=True)
+    out = {}
+    for _ in range(3):
+        y = x
+        for _ in range(n):
+            y = y * 1.0001
+        y.sum().backward()
+    torch.cuda.synchronize()
+    fwd, bwd = [], []
+    for _ in range(5):
+        t = time.perf_counter()
+        y = x
+        for _ in range(n):
+            y = y * 1.0001
+        fwd.append((time.perf_counter() - t) / n)
+        loss = y.sum()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        loss.backward()
+        bwd.append((time.perf_counter() - t) / n)
+        torch.cuda.synchronize()
+    out["fwd_autograd_op_us"] = statistics.median(fwd) * 1e6
+    out["bwd_engine_op_us"] = statistics.median(bwd) * 1e6
+    with torch.no_grad():
+        t = time.perf_counter()
+        y = x
+        for _ in range(n):
+            y = y * 1.0001
+        out["no_grad_op_us"] = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    return out
+
+
 def main() -> None:
     out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -555,6 +593,7 @@ def main() -> None:
         "sdpa_heads": sdpa_heads_section,
         "sdpa_grid": sdpa_grid_section,
         "eager_elementwise": eager_elementwise_section,
+        "host_autograd": host_autograd_section,
     }
     chosen = sys.argv[2].split(",") if len(sys.argv) > 2 else list(sections)
     sections = {k: v for k, v in sections.items() if k in chosen}
@@ -566,7 +605,8 @@ def main() -> None:
             result[name] = {"error": repr(exc)[:400], "trace": traceback.format_exc()[-1200:]}
         print(f"[{name}] {time.perf_counter() - t:.1f} s", flush=True)
         (out_dir / "kernels_measured.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: result[k] for k in ("device", "torch", "cudnn", "host", "dense_gemm") if k in result}))
+    keys = ("device", "torch", "cudnn", "host", "dense_gemm", "host_autograd")
+    print(json.dumps({k: result[k] for k in keys if k in result}))
     for name in ("sdpa", "cudnn_window", "cudnn_sinks", "wgrad_nt", "sdpa_heads", "sdpa_grid", "eager_elementwise"):
         recs = result.get(name, [])
         for rec in recs if isinstance(recs, list) else [recs]:

@@ -28,17 +28,18 @@ from shardscope.graph.fp8 import QUANT_KERNELS
 from shardscope.graph.ops import Collective, Op
 from shardscope.plan.plan import Plan
 
-# Host costs of eager PyTorch calls, measured on the H100 machine lent to this project (PyTorch 2.11, a
-# virtualised 16-core Xeon; validation/kernels_measured_h100.json `host`, bench/device/h100_kernels.py):
-# a call that launches one kernel (`torch.add` into a preallocated tensor) 9.9 us, a call that launches
-# none (`torch.empty`) 4.9 us, a small `F.linear` 24.4 us. They replace the 5 us (PyTorch issue #82793, 4-6
-# us on an A100 system, PyTorch 1.12) and 13.5 us (TransformerEngine issue #2053's torch-backend Linear
-# forward on an H100 DGX) taken before. That DGX ran `F.linear` 1.8x faster than this machine, so a bare
-# DGX host may be quicker per call; but training steps spend more host time than any such microbenchmark
-# (the CUDA-graph A/B of test_host gains 22% where these costs give 9%). Each memory op counts its
-# `launches`.
-LAUNCH_S = 9.9e-6
-ALLOC_S = 4.9e-6
+# Host costs of eager PyTorch calls, measured on the H100 machines lent to this project (PyTorch 2.11, a
+# virtualised 16-core Xeon; two fresh machines; validation/kernels_measured_h100.json `host`, `host_rerun`,
+# `host_autograd`; bench/device/h100_kernels.py). An elementwise op as a training step runs it: 11.25 us
+# in forward, recorded by autograd, and 11.79 us when autograd's engine launches its backward (9.9-10.0 us
+# with no autograd); a call that launches no kernel (`torch.empty`) 4.9 and 4.4 us; a small `F.linear` 24.4
+# and 20.8 us. Means of the two are taken. They replace the 5 us (PyTorch issue #82793, 4-6 us on an A100
+# system, PyTorch 1.12) and 13.5 us (TransformerEngine issue #2053's torch-backend Linear forward on an
+# H100 DGX) taken before. That DGX ran `F.linear` 1.6x faster than these machines, so a bare DGX host may
+# be quicker per call; but training steps spend more host time than any such microbenchmark (the
+# CUDA-graph A/B of test_host gains 22% where these costs give 9%). Each memory op counts its `launches`.
+LAUNCH_S = 11.5e-6
+ALLOC_S = 4.7e-6
 # Host time of one Transformer Engine module call (Linear, LayerNormLinear, GroupedLinear,
 # DotProductAttention) in one phase, its Python set-up and first kernel included. Measured: te.Linear BF16
 # forward 99.7 us of CPU time on GB200 and 90.5 us on GH200 (TransformerEngine issue #2053, 2025); Megatron's
@@ -52,7 +53,7 @@ TE_MODULE_S = 100e-6
 # host-bound at 33 us a GEMM.
 GEMM_CALL_S = 33e-6
 # A GEMM issued by plain PyTorch (`F.linear`, Megatron's router): measured as above.
-TORCH_GEMM_S = 24.4e-6
+TORCH_GEMM_S = 22.6e-6
 # Per FP8 GEMM operand quantized in a phase, per expert: its kernels (`graph.fp8.QUANT_KERNELS`) and the
 # tensors allocated for the result (block-scaled recipes: data and scales, row- and column-wise = 4;
 # per-tensor: data and its transpose = 2; Megatron-LM DeepSeek-V3 GB200 guide, MXFP8), each a call of
