@@ -189,27 +189,36 @@ def wgrad_nt_section(shapes: list[dict]) -> list[dict]:
     return out
 
 
-def sdpa_heads_section() -> list[dict]:
-    """cuDNN SDPA at 4096 causal, head dim 128: how batch x heads (thread blocks) moves throughput."""
+def time_sdpa(backend: str, b: int, h: int, s: int, d: int, causal: bool, dv: int = 0) -> dict:
+    """Forward and backward of PyTorch SDPA on `backend` ("cudnn" or "fa2") for b sequences of s queries,
+    h heads of query-key dim d and value dim dv (default d): times and TFLOPS (backward 2.5x forward)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    dv = dv or d
+    kernel = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}[backend]
+    rec: dict = {}
+    try:
+        q, k = (torch.randn(b, h, s, d, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+        v = torch.randn(b, h, s, dv, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        do = torch.randn(b, h, s, dv, device=DEV, dtype=torch.bfloat16)
+        with sdpa_kernel([kernel]):
+            fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+            rec["fwd_ms"] = events_time_ms(fwd, 10)
+            o = fwd()
+            rec["bwd_ms"] = events_time_ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), 10)
+        flops = 2.0 * b * h * s * s * (d + dv) / (2 if causal else 1)
+        rec["fwd_tflops"], rec["bwd_tflops"] = flops / rec["fwd_ms"] / 1e9, 2.5 * flops / rec["bwd_ms"] / 1e9
+    except Exception as exc:  # noqa: BLE001
+        rec["error"] = repr(exc)[:300]
+    torch.cuda.empty_cache()
+    return rec
+
+
+def sdpa_heads_section() -> list[dict]:
+    """cuDNN SDPA at 4096 causal, head dim 128: how batch x heads (thread blocks) moves throughput."""
     out = []
     for b, h in ((1, 8), (1, 16), (1, 32), (2, 32), (1, 64), (2, 64), (4, 64)):
-        s, d = 4096, 128
-        rec = {"b": b, "h": h, "s": s, "d": d}
-        try:
-            q, k, v = (torch.randn(b, h, s, d, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-            do = torch.randn(b, h, s, d, device=DEV, dtype=torch.bfloat16)
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-                rec["fwd_ms"] = events_time_ms(fwd, 10)
-                o = fwd()
-                rec["bwd_ms"] = events_time_ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), 10)
-            flops = attention_flops(b, h, s, d, True)
-            rec["fwd_tflops"], rec["bwd_tflops"] = flops / rec["fwd_ms"] / 1e9, 2.5 * flops / rec["bwd_ms"] / 1e9
-        except Exception as exc:  # noqa: BLE001
-            rec["error"] = repr(exc)[:300]
-        out.append(rec)
+        out.append({"b": b, "h": h, "s": 4096, "d": 128, **time_sdpa("cudnn", b, h, 4096, 128, True)})
     return out
 
 
@@ -230,27 +239,11 @@ GRID_CASES = [  # b, h, s, d, causal: the grid-fill form (tiles = b x h x s / 12
 def sdpa_grid_section() -> list[dict]:
     """cuDNN SDPA over grids of other sequence lengths and without a mask, forward and backward; and MLA's
     head shape (query-key 192, value 128) at 4096 causal queries."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     out = []
     cases = [(*c, c[3]) for c in GRID_CASES] + [(1, 32, 4096, 192, True, 128), (2, 128, 4096, 192, True, 128)]
     for b, h, s, d, causal, dv in cases:
-        rec = {"b": b, "h": h, "s": s, "d": d, "dv": dv, "causal": causal}
-        try:
-            q, k = (torch.randn(b, h, s, d, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-            v = torch.randn(b, h, s, dv, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-            do = torch.randn(b, h, s, dv, device=DEV, dtype=torch.bfloat16)
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
-                rec["fwd_ms"] = events_time_ms(fwd, 10)
-                o = fwd()
-                rec["bwd_ms"] = events_time_ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), 10)
-            flops = 2.0 * b * h * s * s * (d + dv) / (2 if causal else 1)
-            rec["fwd_tflops"], rec["bwd_tflops"] = flops / rec["fwd_ms"] / 1e9, 2.5 * flops / rec["bwd_ms"] / 1e9
-        except Exception as exc:  # noqa: BLE001
-            rec["error"] = repr(exc)[:300]
-        torch.cuda.empty_cache()
-        out.append(rec)
+        times = time_sdpa("cudnn", b, h, s, d, causal, dv)
+        out.append({"b": b, "h": h, "s": s, "d": d, "dv": dv, "causal": causal, **times})
     return out
 
 
@@ -347,38 +340,19 @@ def attention_flops(b: int, h: int, s: int, d: int, causal: bool) -> float:
 
 
 def sdpa_section() -> list[dict]:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
+    """cuDNN and FlashAttention-2 through PyTorch SDPA at four training shapes."""
     cases = [
         ("gpt-oss (hd 64)", 1, 64, 4096, 64, True),
         ("qwen3 (hd 128)", 1, 32, 4096, 128, True),
         ("llama-70b 8k", 1, 64, 8192, 128, True),
         ("dit 32k non-causal", 1, 40, 32768, 128, False),
     ]
-    out = []
-    for name, b, h, s, d, causal in cases:
-        q, k, v = (torch.randn(b, h, s, d, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-        do = torch.randn(b, h, s, d, device=DEV, dtype=torch.bfloat16)
-        flops = attention_flops(b, h, s, d, causal)
-        for backend_name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
-            rec = {"case": name, "b": b, "h": h, "s": s, "d": d, "causal": causal, "backend": backend_name}
-            try:
-                with sdpa_kernel([backend]):
-                    fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
-                    rec["fwd_ms"] = events_time_ms(fwd, 10)
-                    o = fwd()
-
-                    def bwd():
-                        torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
-
-                    rec["bwd_ms"] = events_time_ms(bwd, 10)
-                rec["fwd_tflops"] = flops / rec["fwd_ms"] / 1e9
-                rec["bwd_tflops"] = 2.5 * flops / rec["bwd_ms"] / 1e9
-            except Exception as exc:  # noqa: BLE001
-                rec["error"] = repr(exc)[:300]
-            out.append(rec)
-        torch.cuda.empty_cache()
-    return out
+    return [
+        {"case": name, "b": b, "h": h, "s": s, "d": d, "causal": causal, "backend": backend,
+         **time_sdpa(backend, b, h, s, d, causal)}
+        for name, b, h, s, d, causal in cases
+        for backend in ("cudnn", "fa2")
+    ]  # fmt: skip
 
 
 WINDOW_CASES = [  # b, h, s, d, window (0: causal over the whole sequence), sink
