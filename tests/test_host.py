@@ -12,11 +12,13 @@ import shardscope
 from shardscope.analytic.caveats import EAGER_FLAT_MOE
 from shardscope.costs.compute import group_times_s
 from shardscope.costs.host import (
-    ALLOC_S,
+    CPP_ALLOC_S,
+    CPP_LAUNCH_S,
     GEMM_CALL_S,
     LAUNCH_S,
     TE_MODULE_S,
     TORCH_GEMM_S,
+    WRAPPER_S,
     drains,
     host_stall_s,
     op_host_s,
@@ -297,7 +299,8 @@ def test_grouped_gemm_host_time_is_per_local_expert():
     up = next(op for op in layer.ops if op.name == "experts gate/up proj")
     bf16 = replace(fp8, precision="bf16")
     # current scaling: four kernels and two tensors (data, transpose) per expert's quantized input
-    assert op_host_s(up, False, fp8) - op_host_s(up, False, bf16) == pytest.approx(16 * (4 * LAUNCH_S + 2 * ALLOC_S))
+    per_expert = 4 * CPP_LAUNCH_S + 2 * CPP_ALLOC_S + WRAPPER_S
+    assert op_host_s(up, False, fp8) - op_host_s(up, False, bf16) == pytest.approx(16 * per_expert)
 
 
 def test_graphing_attention_and_router_speeds_a_host_bound_moe_step():

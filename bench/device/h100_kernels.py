@@ -17,7 +17,8 @@ recorded, the rest runs):
   * the learnable sink's cost (`cudnn_sinks`), BF16 weight gradients in Transformer Engine's layout
     (`wgrad_nt`), cuDNN SDPA throughput against batch x heads (`sdpa_heads`) and over other lengths, no
     mask and MLA's head shape (`sdpa_grid`), and GPT-OSS's eager elementwise ops with the host ahead
-    (`eager_elementwise`); host time per op under autograd, forward and backward (`host_autograd`).
+    (`eager_elementwise`); host time per op under autograd, forward and backward (`host_autograd`), and
+    per kernel launch and allocation from C++ (`cpp_launch`, an extension built on the spot).
 `python bench/device/h100_kernels.py OUT_DIR cudnn_sinks,wgrad_nt` runs only the sections named.
 """
 
@@ -543,6 +544,84 @@ def host_autograd_section() -> dict:
     return out
 
 
+CPP_SOURCE = r"""
+#include <torch/extension.h>
+#include <chrono>
+void launch_noop(int n);
+double launch_us(int n) {
+  launch_noop(8);
+  auto t0 = std::chrono::steady_clock::now();
+  launch_noop(n);
+  auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::micro>(t1 - t0).count() / n;
+}
+double empty_us(int n) {
+  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kUInt8);
+  for (int i = 0; i < 8; ++i) { auto t = torch::empty({1 << 20}, opts); }
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i) { auto t = torch::empty({1 << 20}, opts); }
+  auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::micro>(t1 - t0).count() / n;
+}
+"""
+CUDA_SOURCE = r"""
+__global__ void noop_kernel() {}
+void launch_noop(int n) { for (int i = 0; i < n; ++i) noop_kernel<<<1, 32>>>(); }
+"""
+
+
+def cpp_launch_section() -> dict:
+    """Host time of a kernel launch and of a caching-allocator allocation issued from C++ (as Transformer
+    Engine's quantize and GEMM wrappers issue theirs), without Python: an extension built here."""
+    from torch.utils.cpp_extension import load_inline
+
+    ext = load_inline(
+        name="launch_probe",
+        cpp_sources=CPP_SOURCE,
+        cuda_sources=CUDA_SOURCE,
+        functions=["launch_us", "empty_us"],
+        verbose=False,
+        build_directory=None,
+    )
+    out = {"launch_us": [], "empty_us": [], "wrapper_subclass_us": []}
+    for _ in range(5):
+        torch.cuda.synchronize()
+        out["launch_us"].append(ext.launch_us(500))  # under the launch queue's depth
+        torch.cuda.synchronize()
+        out["empty_us"].append(ext.empty_us(2000))
+        out["wrapper_subclass_us"].append(wrapper_subclass_us(2000))
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+class QuantizedProbe(torch.Tensor):
+    """A tensor subclass made as Transformer Engine makes its FP8 tensors (`_make_wrapper_subclass` around
+    the quantized data and its scales)."""
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, scale_inv: torch.Tensor):
+        inst = torch.Tensor._make_wrapper_subclass(
+            cls, data.shape, dtype=torch.bfloat16, device=data.device, requires_grad=False
+        )
+        inst._data, inst._scale_inv = data, scale_inv
+        return inst
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # never called by the probe
+        raise NotImplementedError(func)
+
+
+def wrapper_subclass_us(n: int) -> float:
+    """Host time to wrap quantized data and scales in a Python tensor subclass, per tensor."""
+    data = torch.empty(1024, 1024, device=DEV, dtype=torch.uint8)
+    scale = torch.empty(1, device=DEV)
+    for _ in range(50):
+        QuantizedProbe(data, scale)
+    t = time.perf_counter()
+    for _ in range(n):
+        QuantizedProbe(data, scale)
+    return (time.perf_counter() - t) / n * 1e6
+
+
 def main() -> None:
     out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -568,6 +647,7 @@ def main() -> None:
         "sdpa_grid": sdpa_grid_section,
         "eager_elementwise": eager_elementwise_section,
         "host_autograd": host_autograd_section,
+        "cpp_launch": cpp_launch_section,
     }
     chosen = sys.argv[2].split(",") if len(sys.argv) > 2 else list(sections)
     sections = {k: v for k, v in sections.items() if k in chosen}
@@ -579,7 +659,7 @@ def main() -> None:
             result[name] = {"error": repr(exc)[:400], "trace": traceback.format_exc()[-1200:]}
         print(f"[{name}] {time.perf_counter() - t:.1f} s", flush=True)
         (out_dir / "kernels_measured.json").write_text(json.dumps(result, indent=1))
-    keys = ("device", "torch", "cudnn", "host", "dense_gemm", "host_autograd")
+    keys = ("device", "torch", "cudnn", "host", "dense_gemm", "host_autograd", "cpp_launch")
     print(json.dumps({k: result[k] for k in keys if k in result}))
     for name in ("sdpa", "cudnn_window", "cudnn_sinks", "wgrad_nt", "sdpa_heads", "sdpa_grid", "eager_elementwise"):
         recs = result.get(name, [])

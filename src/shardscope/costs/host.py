@@ -28,18 +28,21 @@ from shardscope.graph.fp8 import QUANT_KERNELS
 from shardscope.graph.ops import Collective, Op
 from shardscope.plan.plan import Plan
 
-# Host costs of eager PyTorch calls, measured on the H100 machines lent to this project (PyTorch 2.11, a
-# virtualised 16-core Xeon; two fresh machines; validation/kernels_measured_h100.json `host`, `host_rerun`,
-# `host_autograd`; bench/device/h100_kernels.py). An elementwise op as a training step runs it: 11.25 us
-# in forward, recorded by autograd, and 11.79 us when autograd's engine launches its backward (9.9-10.0 us
-# with no autograd); a call that launches no kernel (`torch.empty`) 4.9 and 4.4 us; a small `F.linear` 24.4
-# and 20.8 us. Means of the two are taken. They replace the 5 us (PyTorch issue #82793, 4-6 us on an A100
-# system, PyTorch 1.12) and 13.5 us (TransformerEngine issue #2053's torch-backend Linear forward on an
-# H100 DGX) taken before. That DGX ran `F.linear` 1.6x faster than these machines, so a bare DGX host may
-# be quicker per call; but training steps spend more host time than any such microbenchmark (the
-# CUDA-graph A/B of test_host gains 22% where these costs give 9%). Each memory op counts its `launches`.
-LAUNCH_S = 11.5e-6
-ALLOC_S = 4.7e-6
+# Host costs of eager calls, measured on the H100 machines lent to this project (PyTorch 2.11 on a
+# virtualised 16-core Xeon, four fresh machines; validation/kernels_measured_h100.json `host_runs`,
+# `host_autograd_runs`, `cpp_launch_runs`; bench/device/h100_kernels.py). An elementwise op as a training
+# step runs it, from Python: 11.3-14.2 us in forward (recorded by autograd), 11.8-17.6 us when autograd's
+# engine launches its backward (9.9-10.2 us with no autograd); mean 13.7 us. It replaces the 5 us taken
+# before (PyTorch issue #82793, 4-6 us on an A100 system, PyTorch 1.12). Each memory op of the graph counts
+# its `launches` at this cost. Transformer Engine's quantize calls (`split_quantize`) run in C++: a kernel
+# launch there costs 3.6-4.5 us (mean 4.1), a caching-allocator allocation 1.6-2.9 us (mean 2.3), and each
+# quantized tensor is handed back as a Python tensor subclass (`_make_wrapper_subclass`), 3.0 us. Training
+# steps spend more host time than any such microbenchmark: the CUDA-graph A/B of test_host gains 22% where
+# these give 9%, and the DeepSeek-V3 GB200 guide's eager MXFP8 experts take 2.5-3x the host time priced.
+LAUNCH_S = 13.7e-6
+CPP_LAUNCH_S = 4.1e-6
+CPP_ALLOC_S = 2.3e-6
+WRAPPER_S = 3.0e-6
 # Host time of one Transformer Engine module call (Linear, LayerNormLinear, GroupedLinear,
 # DotProductAttention) in one phase, its Python set-up and first kernel included. Measured: te.Linear BF16
 # forward 99.7 us of CPU time on GB200 and 90.5 us on GH200 (TransformerEngine issue #2053, 2025); Megatron's
@@ -52,12 +55,15 @@ TE_MODULE_S = 100e-6
 # pre-quantized operands, while one CUTLASS grouped kernel does the same math in 0.069 ms: the loop is
 # host-bound at 33 us a GEMM.
 GEMM_CALL_S = 33e-6
-# A GEMM issued by plain PyTorch (`F.linear`, Megatron's router): measured as above.
+# A GEMM issued by plain PyTorch (`F.linear`, Megatron's router): 24.4, 20.8 and 22.6 us on the machines
+# above; TransformerEngine issue #2053 measured 13.5 us for a torch-backend Linear forward on an H100 DGX, so
+# a bare DGX host may be quicker per call than these virtualised ones.
 TORCH_GEMM_S = 22.6e-6
 # Per FP8 GEMM operand quantized in a phase, per expert: its kernels (`graph.fp8.QUANT_KERNELS`) and the
 # tensors allocated for the result (block-scaled recipes: data and scales, row- and column-wise = 4;
 # per-tensor: data and its transpose = 2; Megatron-LM DeepSeek-V3 GB200 guide, MXFP8), each a call of
-# `LAUNCH_S` or `ALLOC_S`.
+# `CPP_LAUNCH_S` or `CPP_ALLOC_S` (Transformer Engine issues them from C++), and the quantized tensor's
+# Python wrapper (`WRAPPER_S`).
 # Known inconsistency, kept: Transformer Engine's grouped (split) quantize allocates its block-scaled
 # experts' tensors in bulk since PR #1934 (July 2025), so per expert these calls overstate it; yet the
 # DeepSeek-V3 GB200 guide's Nsight view of eager MXFP8 routed experts shows 2.7-3.3 ms of host time
@@ -100,7 +106,8 @@ def op_host_s(op: Op, backward: bool, plan: Plan) -> float:
     if not (op.fp8 and plan.precision == "fp8"):
         return issue
     recipe = plan.fp8_recipe
-    return issue + op.groups * (QUANT_KERNELS[recipe] * LAUNCH_S + QUANT_ALLOCS[recipe] * ALLOC_S)
+    quantize = QUANT_KERNELS[recipe] * CPP_LAUNCH_S + QUANT_ALLOCS[recipe] * CPP_ALLOC_S + WRAPPER_S
+    return issue + op.groups * quantize
 
 
 def moe_graphed(plan: Plan) -> bool:
