@@ -67,10 +67,10 @@ ATTENTION_S_REF = 16384
 # 601 TFLOPS, backward 218 to 455, which tiles / (tiles + 2 x SMs) follows within 7%; at 8192 queries the
 # same form holds (512 to 4096 tiles, within 13%). Without a mask the tiles are alike and the loss is small
 # (8 heads of 4096 queries: 446 TFLOPS forward against 626 at 64 x 2), so the fill is applied to causal
-# (and windowed) attention only. The fractions above hold at the
-# FlashAttention-3 benchmark's grid (16k tokens x 16 heads of 128 = 2048 tiles): a smaller grid runs at
-# the fill relative to it. A larger one is held at the fractions: cuDNN's published H200 and GB200 timings
-# of 4k to 33k tiles (tests/test_kernels_measured.py) do not rise with the grid as this H100 did (+10%).
+# (and windowed) attention only. The fractions above hold at the FlashAttention-3 benchmark's grid (16k
+# tokens x 16 heads of 128 = 2048 tiles): a smaller grid runs at the fill relative to it. A larger one is
+# held at the fractions: cuDNN's published H200 and GB200 timings of 4k to 33k tiles
+# (tests/test_kernels_measured.py) do not rise with the grid as this H100 did (+10%).
 ATTENTION_QUERY_TILE = 128
 ATTENTION_TAIL_WAVES = 2
 ATTENTION_TILES_REF = 2048
