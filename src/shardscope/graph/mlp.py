@@ -78,9 +78,9 @@ def _ffn(
     which synchronises the whole stream (PyTorch issue #120996: `memcpy_and_sync`), so the host waits
     before the activation with the queue empty, even beside another micro-batch's queued backward.
     `fused_mlp`: Transformer Engine's fused grouped MLP computes the GLU (its clamp included) and the routing
-    weights in the gate/up GEMM's epilogue and its gradient in the dgrad's (`ops/fused/forward_grouped_mlp.py` and
-    `backward_grouped_mlp.py` from TE 2.14, one `grouped_mlp.py` from 2.17): no
-    activation kernel and no clamp of its own; what backward needs stays saved."""
+    weights in the gate/up GEMM's epilogue and its gradient in the dgrad's (TE 2.14-2.16
+    `ops/fused/{forward,backward}_grouped_mlp.py`, one `grouped_mlp.py` from 2.17): no activation kernel and
+    no clamp of its own; what backward needs stays saved."""
     h = model.hidden
     quick_geglu_copy = fused and bool(act_module) and model.glu_gate == "quick_gelu"  # weighted (experts)
     quick_geglu_copy = quick_geglu_copy and not fused_mlp
