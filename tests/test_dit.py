@@ -231,3 +231,60 @@ def test_qk_norm_across_heads_gathers_under_tp():
         else:
             assert saved[2]["q/k norm input"] == saved[1]["q/k norm input"] / 2
             assert saved[1]["q/k norm stats"] == 4 * 4096 * (m.heads + m.kv_heads)
+
+
+def test_diffusers_wan_chains_match_pytorch():
+    """diffusers' WanTransformerBlock runs its norms, adaLN modulation and gated residuals as eager fp32
+    chains (its forward holds these expressions, checked here against the installed diffusers): each
+    chain's bytes per activation value and kernels, forward and backward, are what the ATen ops read,
+    write and launch at full size under FakeTensorMode. Without `--fused-activation` (Megatron-DFM's
+    `jit_fuser`) the block's graph carries them in place of the fused norms, residuals and modulation."""
+    import inspect
+
+    import torch.nn.functional as F
+    from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+
+    from shardscope.graph.dit import DIFFUSERS_WAN_CHAINS
+
+    source = inspect.getsource(WanTransformerBlock.forward)
+    for line in (
+        "(self.norm1(hidden_states.float()) * (1 + scale_msa) + shift_msa).type_as(hidden_states)",
+        "(hidden_states.float() + attn_output * gate_msa).type_as(hidden_states)",
+        "self.norm2(hidden_states.float()).type_as(hidden_states)",
+        "(hidden_states.float() + ff_output.float() * c_gate_msa).type_as(hidden_states)",
+    ):
+        assert line in source, line
+    t, h = 4096, 5120
+
+    def modulate(x, out, shift, scale, gate, weight, bias):
+        return (F.layer_norm(x.float(), (h,), None, None, 1e-6) * (1 + scale) + shift).type_as(x)
+
+    chains = {
+        "attn norm": modulate,
+        "attn residual add": lambda x, out, shift, scale, gate, w, b: (x.float() + out * gate).type_as(x),
+        "cross-attn norm": lambda x, o, sh, sc, g, w, b: F.layer_norm(x.float(), (h,), w.float(), b.float()).type_as(x),
+        "mlp norm": modulate,
+        "mlp residual add": lambda x, out, shift, scale, gate, w, b: (x.float() + out.float() * gate).type_as(x),
+    }
+    with FakeTensorMode():
+        for replaced, chain in chains.items():
+            x = torch.empty(1, t, h, dtype=torch.bfloat16, requires_grad=True)
+            out = torch.empty(1, t, h, dtype=torch.bfloat16, requires_grad=True)  # a sub-block's output
+            shift, scale, gate = (torch.empty(1, 1, h, requires_grad=True) for _ in range(3))  # fp32 adaLN
+            weight, bias = torch.empty(h, requires_grad=True), torch.empty(h, requires_grad=True)
+            fwd, bwd = ElementwiseBytes(), ElementwiseBytes()
+            with fwd:
+                y = chain(x, out, shift, scale, gate, weight, bias)
+            grad = torch.empty_like(y)
+            with bwd:
+                y.backward(grad)
+            _, fwd_bytes, fwd_kernels, bwd_bytes, bwd_kernels = DIFFUSERS_WAN_CHAINS[replaced]
+            assert (fwd.total / (t * h), fwd.kernels) == (pytest.approx(fwd_bytes, abs=0.05), fwd_kernels)
+            assert (bwd.total / (t * h), bwd.kernels) == (pytest.approx(bwd_bytes, abs=0.05), bwd_kernels)
+    m = load_model("wan2.1-t2v-14b")
+    for fused in (False, True):
+        plan = make_plan(m, make_cluster("H100", 8), global_batch=8, seq_len=4096, fused_activation=fused)
+        names = {op.name for op in build_stage_graph(m, plan).layer.ops}
+        eager = {chain[0] for chain in DIFFUSERS_WAN_CHAINS.values()}
+        assert (eager <= names) is not fused and bool(eager & names) is not fused
+        assert any(n.startswith("adaLN modulate") for n in names) is fused

@@ -18,7 +18,8 @@ recorded, the rest runs):
     (`wgrad_nt`), cuDNN SDPA throughput against batch x heads (`sdpa_heads`) and over other lengths, no
     mask and MLA's head shape (`sdpa_grid`), and GPT-OSS's eager elementwise ops with the host ahead
     (`eager_elementwise`); host time per op under autograd, forward and backward (`host_autograd`), and
-    per kernel launch and allocation from C++ (`cpp_launch`, an extension built on the spot).
+    per kernel launch and allocation from C++ (`cpp_launch`, an extension built on the spot); one Wan 2.1
+    14B block as diffusers runs it (`wan_block`).
 `python bench/device/h100_kernels.py OUT_DIR cudnn_sinks,wgrad_nt` runs only the sections named.
 """
 
@@ -544,6 +545,43 @@ def host_autograd_section() -> dict:
     return out
 
 
+def wan_block_section(
+    dim: int = 5120, ffn: int = 13824, heads: int = 40, latent: tuple[int, int, int] = (13, 72, 160), text: int = 512
+) -> dict:
+    """One Wan 2.1 14B block as NeMo AutoModel trains it (diffusers' `WanTransformerBlock`, eager, BF16,
+    attention through PyTorch SDPA) on 37,440 video tokens (a 13 x 72 x 160 latent, 1 x 2 x 2 patches)
+    and 512 text tokens: forward and backward times with the host ahead (diffusers carried as a wheel)."""
+    from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed, WanTransformerBlock
+
+    block = WanTransformerBlock(dim, ffn, heads, qk_norm="rms_norm_across_heads", cross_attn_norm=True, eps=1e-6)
+    block = block.to(DEV, torch.bfloat16)
+    rope = WanRotaryPosEmbed(dim // heads, (1, 2, 2), 1024).to(DEV)
+    f, h, w = latent
+    rotary = rope(torch.empty(1, 16, f, h, w, device=DEV))
+    tokens = f * (h // 2) * (w // 2)
+    x = torch.randn(1, tokens, dim, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    context = torch.randn(1, text, dim, device=DEV, dtype=torch.bfloat16)
+    temb = torch.randn(1, 6, dim, device=DEV, dtype=torch.bfloat16)
+    params = [p for p in block.parameters() if p.requires_grad]
+    out = {"tokens": tokens, "text": text, "dim": dim, "ffn": ffn, "heads": heads}
+    out["fwd_ms"], out["bwd_ms"] = eager_gpu_ms(lambda: block(x, context, temb, rotary), [x, *params], reps=5)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def pinned(backend):  # the block with SDPA held to one back end (its backward follows the forward's)
+        def run():
+            with sdpa_kernel([backend]):
+                return block(x, context, temb, rotary)
+
+        return run
+
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
+        try:
+            out[f"{name}_fwd_ms"], out[f"{name}_bwd_ms"] = eager_gpu_ms(pinned(backend), [x, *params], reps=5)
+        except Exception as exc:  # noqa: BLE001
+            out[f"{name}_error"] = repr(exc)[:200]
+    return out
+
+
 CPP_SOURCE = r"""
 #include <torch/extension.h>
 #include <chrono>
@@ -648,6 +686,7 @@ def main() -> None:
         "eager_elementwise": eager_elementwise_section,
         "host_autograd": host_autograd_section,
         "cpp_launch": cpp_launch_section,
+        "wan_block": wan_block_section,
     }
     chosen = sys.argv[2].split(",") if len(sys.argv) > 2 else list(sections)
     sections = {k: v for k, v in sections.items() if k in chosen}
@@ -659,7 +698,7 @@ def main() -> None:
             result[name] = {"error": repr(exc)[:400], "trace": traceback.format_exc()[-1200:]}
         print(f"[{name}] {time.perf_counter() - t:.1f} s", flush=True)
         (out_dir / "kernels_measured.json").write_text(json.dumps(result, indent=1))
-    keys = ("device", "torch", "cudnn", "host", "dense_gemm", "host_autograd", "cpp_launch")
+    keys = ("device", "torch", "cudnn", "host", "dense_gemm", "host_autograd", "cpp_launch", "wan_block")
     print(json.dumps({k: result[k] for k in keys if k in result}))
     for name in ("sdpa", "cudnn_window", "cudnn_sinks", "wgrad_nt", "sdpa_heads", "sdpa_grid", "eager_elementwise"):
         recs = result.get(name, [])

@@ -80,7 +80,10 @@ CudaGraphs = Annotated[
 ]
 FusedActivation = Annotated[
     bool,
-    typer.Option(help="Megatron-Core fused SwiGLU: keeps only its input (default: unfused, as torchtitan / HF)"),
+    typer.Option(
+        help="Megatron-Core fused elementwise kernels: SwiGLU keeps only its input, a Wan block's norms, adaLN "
+        "modulation and gated residuals are jit-fused (default: unfused, as torchtitan / HF / diffusers)"
+    ),
 ]
 MoeRouterPadding = Annotated[
     bool,

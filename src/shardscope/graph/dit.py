@@ -28,6 +28,7 @@ from shardscope.graph.mlp import dense_mlp_group
 from shardscope.graph.ops import Op, Saved
 from shardscope.models.spec import LayerKind, ModelSpec
 from shardscope.plan.plan import Plan
+from shardscope.records import evolve
 
 
 def _modulation(model: ModelSpec, tokens: float, branches: int) -> OpGroup:
@@ -78,15 +79,50 @@ def _cross_attention(model: ModelSpec, plan: Plan) -> tuple[OpGroup, float, floa
     return OpGroup(tuple(ops), tuple(saved), tuple(comms)), t * (d + w) + text * d, t * (w + d) + text * 2 * w
 
 
+# diffusers' WanTransformerBlock (0.32-0.42) runs its norms, adaLN modulation and gated residuals eagerly
+# in fp32: `(norm1(x.float()) * (1 + scale) + shift).type_as(x)`, `(x.float() + attn * gate).type_as(x)`,
+# `norm2(x.float()).type_as(x)` (affine), the same modulation after norm3 and `(x.float() + ff.float() *
+# c_gate).type_as(x)`. Bytes per activation value and kernels, forward and backward, as the ATen ops read
+# and write them (test_dit `test_diffusers_wan_chains_match_pytorch`); the op each replaces in the graph.
+DIFFUSERS_WAN_CHAINS = {
+    "attn norm": ("norm1 + adaLN modulate (fp32, eager)", 36, 6, 52, 7),
+    "attn residual add": ("gated residual, attention (fp32, eager)", 30, 4, 40, 6),
+    "cross-attn norm": ("norm2 (fp32, eager)", 20, 3, 24, 3),
+    "mlp norm": ("norm3 + adaLN modulate (fp32, eager)", 36, 6, 52, 7),
+    "mlp residual add": ("gated residual, ffn (fp32, eager)", 38, 5, 42, 6),
+}
+
+
+def _diffusers_wan(block: OpGroup, values: float) -> OpGroup:
+    """The block as diffusers runs it: its norms and residuals as the eager fp32 chains above (ATen's
+    streaming rate, `Op.aten`), with the adaLN modulation inside them."""
+    ops = []
+    for op in block.ops:
+        if op.name.startswith("adaLN modulate/gate"):
+            continue
+        if op.name in DIFFUSERS_WAN_CHAINS:
+            name, fwd, fk, bwd, bk = DIFFUSERS_WAN_CHAINS[op.name]
+            op = evolve(op, name=name, bytes=fwd * values, bwd_bytes=bwd * values, launches=fk, bwd_launches=bk)
+            op = evolve(op, aten=True, cheap=True)  # elementwise: op-level selective checkpointing re-runs it
+        ops.append(op)
+    return OpGroup(tuple(ops), block.saved, block.comms, block.attn_ops)
+
+
 def dit_block_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGroup, float, float]:
-    """One DiT block on one GPU for one micro-batch (+ the elements its FP8 GEMMs quantize)."""
+    """One DiT block on one GPU for one micro-batch (+ the elements its FP8 GEMMs quantize). A Wan block
+    runs as Megatron-DFM builds it (its elementwise steps `jit_fuser`-fused) under `--fused-activation`,
+    else as diffusers runs it (`_diffusers_wan`; the saved tensors stay Megatron-DFM's)."""
     assert model.dit is not None
     if model.dit.family == "hunyuan":
         return (double_block if kind.mlp == "dit-double" else single_block)(model, plan, kind)
     attn, ai, ag = attention_group(model, plan, kind)
     cross, ci, cg = _cross_attention(model, plan)
     mlp, mi, mg = dense_mlp_group(model, plan)
-    return attn + cross + mlp + _modulation(model, Shapes.of(plan).t_sp, 2), ai + ci + mi, ag + cg + mg
+    t_sp = Shapes.of(plan).t_sp
+    block = attn + cross + mlp + _modulation(model, t_sp, 2)
+    if not plan.fused_activation:
+        block = _diffusers_wan(block, t_sp * model.hidden)
+    return block, ai + ci + mi, ag + cg + mg
 
 
 def dit_embedding_group(model: ModelSpec, plan: Plan) -> OpGroup:
