@@ -288,3 +288,15 @@ def test_diffusers_wan_chains_match_pytorch():
         eager = {chain[0] for chain in DIFFUSERS_WAN_CHAINS.values()}
         assert (eager <= names) is not fused and bool(eager & names) is not fused
         assert any(n.startswith("adaLN modulate") for n in names) is fused
+
+
+def test_hunyuan_eager_regions_stream_at_the_aten_rate():
+    """HunyuanVideo's blocks are diffusers' eager modules: the regions over broadcast or mixed-precision
+    operands (norm + modulate, q/k RMSNorm with fp32 statistics, fp32 RoPE, gated residuals) stream at
+    the measured eager-ATen rate, the plain copies, gradient sums and GELU at the fused kernels' rate."""
+    m = load_model("hunyuanvideo")
+    plan = make_plan(m, make_cluster("H100", 8), global_batch=8, seq_len=4096)
+    ops = [op for g in build_stage_graph(m, plan).layers.values() for op in g.ops if op.kind == "memory"]
+    aten = {op.name for op in ops if op.aten}
+    assert any("rope" in n for n in aten) and any("gated residual" in n for n in aten)
+    assert not any("gelu" in op.name or "concat" in op.name for op in ops if op.aten)

@@ -36,16 +36,29 @@ from shardscope.models.spec import LayerKind, ModelSpec
 from shardscope.plan.plan import Plan
 
 
-def _eager(name: str, elems: float, fwd: float, bwd: float, launches: tuple[int, int] = (1, 1)) -> Op:
-    """An eager elementwise region over `elems` elements at `fwd` / `bwd` bytes per element."""
+def _eager(
+    name: str, elems: float, fwd: float, bwd: float, launches: tuple[int, int] = (1, 1), aten: bool = False
+) -> Op:
+    """An eager elementwise region over `elems` elements at `fwd` / `bwd` bytes per element; `aten`: over
+    broadcast or mixed-precision operands, so at `ATEN_HBM_FRACTION` (copies, sums and GELU stream as
+    contiguous kernels do)."""
     fwd_k, bwd_k = launches
-    return Op(name, "memory", bytes=fwd * elems, bwd_bytes=bwd * elems, cheap=True, launches=fwd_k, bwd_launches=bwd_k)
+    return Op(
+        name,
+        "memory",
+        bytes=fwd * elems,
+        bwd_bytes=bwd * elems,
+        cheap=True,
+        launches=fwd_k,
+        bwd_launches=bwd_k,
+        aten=aten,
+    )
 
 
 def _norm_modulate(name: str, tokens: float, d: int) -> tuple[Op, list[Saved]]:
     """LayerNorm without affine, then x·(1 + scale) + shift: keeps its input's statistics, the normalised
     tensor (for the scale's gradient) and the modulated output (the next GEMMs' input)."""
-    op = _eager(name, tokens * d, 12, 20, (3, 5))
+    op = _eager(name, tokens * d, 12, 20, (3, 5), aten=True)
     return op, [
         Saved(f"{name} stats", 2 * FP32 * tokens, NONE_ONLY),
         Saved(f"{name} normalised", BF16 * tokens * d, NONE_ONLY),
@@ -65,6 +78,7 @@ def _qk_rmsnorm(name: str, tokens: float, nh: int, hd: int) -> tuple[Op, list[Sa
         cheap=True,
         launches=16,
         bwd_launches=34,
+        aten=True,
     )
     return op, [Saved(f"{name} fp32 copy, input and output", (FP32 + 2 * BF16) * elems + FP32 * rows, NONE_ONLY)]
 
@@ -74,7 +88,7 @@ def _rope(tokens: float, nh: int, hd: int) -> Op:
     elems = 2 * tokens * nh * hd
     tables = 2 * 8 * hd * tokens
     fwd, bwd = 52 * elems + tables, 46 * elems + tables
-    return Op("rope (video q, k)", "memory", bytes=fwd, bwd_bytes=bwd, cheap=True, launches=16)
+    return Op("rope (video q, k)", "memory", bytes=fwd, bwd_bytes=bwd, cheap=True, launches=16, aten=True)
 
 
 def _linear(name: str, m: float, n: int, k: int, fp8: bool) -> Op:
@@ -135,9 +149,9 @@ def double_block(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGroup
         out = _linear(f"{stream} out proj", n, d, w, sh.fp8)
         nm, nm_saved = _norm_modulate(f"{stream} norm2", n, d)
         up, down = _linear(f"{stream} ff up", n, f, d, sh.fp8), _linear(f"{stream} ff down", n, d, f, sh.fp8)
-        ops += [out, _eager(f"{stream} attn gated residual", n * d, 10, 18, (2, 5)), nm, up]
+        ops += [out, _eager(f"{stream} attn gated residual", n * d, 10, 18, (2, 5), aten=True), nm, up]
         ops += [_eager(f"{stream} gelu", n * f, 4, 6), down]
-        ops += [_eager(f"{stream} ff gated residual", n * d, 10, 18, (2, 5))]
+        ops += [_eager(f"{stream} ff gated residual", n * d, 10, 18, (2, 5), aten=True)]
         saved += [Saved(f"{stream} out proj output (gate input)", BF16 * n * d, NOT_FULL)]
         saved += [Saved(f"{stream} attn residual (norm2 input)", BF16 * n * d, NOT_FULL), *nm_saved]
         saved += [Saved(f"{stream} ff up output (gelu input)", BF16 * n * f, NOT_FULL)]
@@ -180,7 +194,7 @@ def single_block(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGroup
         _eager("attention out split + concat", n * w, 4, 12, (1, 3)),
         _eager("attention|mlp concat", n * (w + f), 4, 0),
         out,
-        _eager("gated residual", n * d, 10, 18, (2, 5)),
+        _eager("gated residual", n * d, 10, 18, (2, 5), aten=True),
         _eager("video|text output split", n * d, 0, 12, (0, 3)),
     ]
     ops.append(_bias_grads("bias gradients", [op for op in ops if op.kind == "gemm"]))
