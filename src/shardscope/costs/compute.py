@@ -109,7 +109,7 @@ def op_time_s(gpu: GPU, op: Op, backward: bool, plan: Plan) -> float:
 def group_times_s(gpu: GPU, unit: OpGroup, plan: Plan) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Forward and backward time of each op of `unit`, memoised on the group: the op graph is shared by
     every plan that differs only outside its fields, and these are the only plan fields `op_time_s` reads."""
-    key = ("times", gpu, plan.precision, plan.fp8_recipe, plan.attention_kernel, plan.seq_len, plan.cp)
+    key = ("times", gpu, plan.precision, plan.fp8_recipe, plan.attention_kernel, plan.seq_len, plan.cp, plan.causal)
 
     def times() -> tuple[tuple[float, ...], tuple[float, ...]]:
         fwd = tuple(op_time_s(gpu, op, False, plan) for op in unit.ops)
