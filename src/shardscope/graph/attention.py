@@ -65,9 +65,8 @@ def core_attention(model: ModelSpec, plan: Plan, kind: LayerKind, nh: int, qk_hd
     io = BF16 * t * nh * (2 * qk_hd + 2 * v_hd)
     w = model.attention_window
     span = w if kind.attention in ("window", "chunk") and w and w < s else 0
-    rows = plan.micro_batch * nh * s // plan.cp
     op = flash_attention(
-        "attention", flops, io, head_dim=(qk_hd + v_hd) / 2, kv_span=span, query_rows=rows, sinks=model.sinks
+        "attention", flops, io, head_dim=(qk_hd + v_hd) / 2, kv_span=span, query_rows=t * nh, sinks=model.sinks
     )
     return [op], [Saved("attention logsumexp", FP32 * t * nh, NOT_FULL)]
 

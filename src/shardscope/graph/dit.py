@@ -60,9 +60,7 @@ def _cross_attention(model: ModelSpec, plan: Plan) -> tuple[OpGroup, float, floa
         gemm("cross-attn q proj", t, w, d, sh.fp8),
         gemm("cross-attn kv proj (text)", text, 2 * w, d, sh.fp8),
         qk_op,
-        flash_attention(
-            "cross-attention", flops, io, head_dim=hd, query_rows=plan.micro_batch * nh * plan.seq_len // plan.cp
-        ),
+        flash_attention("cross-attention", flops, io, head_dim=hd, query_rows=t * nh),
         gemm("cross-attn out proj", t, d, w, sh.fp8),
         residual("cross-attn residual add", model, t_sp),
     ]
@@ -102,8 +100,11 @@ def _diffusers_wan(block: OpGroup, values: float) -> OpGroup:
             continue
         if op.name in DIFFUSERS_WAN_CHAINS:
             name, fwd, fk, bwd, bk = DIFFUSERS_WAN_CHAINS[op.name]
-            op = evolve(op, name=name, bytes=fwd * values, bwd_bytes=bwd * values, launches=fk, bwd_launches=bk)
-            op = evolve(op, aten=True, cheap=True)  # elementwise: op-level selective checkpointing re-runs it
+            # cheap: op-level selective checkpointing re-runs it
+            op = evolve(
+                op, name=name, bytes=fwd * values, bwd_bytes=bwd * values, launches=fk, bwd_launches=bk, aten=True,
+                cheap=True,
+            )  # fmt: skip
         ops.append(op)
     return OpGroup(tuple(ops), block.saved, block.comms, block.attn_ops)
 

@@ -82,24 +82,25 @@ def _ffn(
     `ops/fused/{forward,backward}_grouped_mlp.py`, one `grouped_mlp.py` from 2.17): no activation kernel and
     no clamp of its own; what backward needs stays saved."""
     h = model.hidden
-    quick_geglu_copy = fused and bool(act_module) and model.glu_gate == "quick_gelu"  # weighted (experts)
-    quick_geglu_copy = quick_geglu_copy and not fused_mlp
+    # weighted (experts), unless Transformer Engine's fused MLP computes it
+    quick_geglu_copy = fused and bool(act_module) and model.glu_gate == "quick_gelu" and not fused_mlp
     ops: list[Op] = []
     saved: list[Saved] = []
     pre = f"{name} " if name else ""
     if model.mlp == "swiglu":
         ops.append(gemm(f"{pre}gate/up proj", tokens, 2 * ffn, h, fp8, groups))
-        ops.append(
-            Op(
-                f"{pre}swiglu",
-                "memory",
-                bytes=3 * BF16 * tokens * ffn,
-                bwd_bytes=5 * BF16 * tokens * ffn,
-                cheap=True,
-                host_sync=quick_geglu_copy,
-                stream_sync=quick_geglu_copy,
+        if not fused_mlp:  # the fused MLP runs the GLU in the GEMMs' epilogues
+            ops.append(
+                Op(
+                    f"{pre}swiglu",
+                    "memory",
+                    bytes=3 * BF16 * tokens * ffn,
+                    bwd_bytes=5 * BF16 * tokens * ffn,
+                    cheap=True,
+                    host_sync=quick_geglu_copy,
+                    stream_sync=quick_geglu_copy,
+                )
             )
-        )
         saved += [
             Saved(f"{pre}gate, up", 2 * BF16 * tokens * ffn, NOT_FULL),
             *([] if fused else [Saved(f"{pre}silu(gate)", BF16 * tokens * ffn, NONE_ONLY)]),
@@ -109,8 +110,6 @@ def _ffn(
             ops.insert(1, _glu_clamp(f"{pre}gate, up clamp", tokens * ffn))
             # the clamps keep their input (gate, up); the GLU keeps the clamped copy
             saved.insert(1, Saved(f"{pre}clamped gate, up", 2 * BF16 * tokens * ffn, NONE_ONLY))
-        if fused_mlp:
-            ops.pop(1)  # the GLU runs in the GEMMs' epilogues
         up_width = 2 * ffn
     else:
         ops.append(gemm(f"{pre}up proj", tokens, ffn, h, fp8, groups))
