@@ -13,34 +13,27 @@ import math
 from pathlib import Path
 
 import pytest
+from test_kernels_measured import _attention_s, _geomean  # tests/ is on the path (conftest)
 
 from shardscope.costs.compute import SINK_BWD_ROW_S, TE_COMPUTE_STREAMS, gemm_time_s, op_time_s
 from shardscope.costs.efficiency import KERNEL_GAP_S, attention_grid_fill, clock_ratio
-from shardscope.graph.attention import core_attention
-from shardscope.graph.build import LayerKind, build_stage_graph
+from shardscope.graph.build import build_stage_graph
 from shardscope.hardware.catalog import load_gpu, make_cluster
 from shardscope.models.catalog import load_model
-from shardscope.plan.plan import Plan, make_plan
+from shardscope.plan.plan import make_plan
 
 MEASURED = json.loads((Path(__file__).parent.parent / "validation" / "kernels_measured_h100.json").read_text())
 H100 = load_gpu("H100")
 BOOST = clock_ratio(H100)
 
 
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 def _attention_ms(
     b: int, heads: int, s: int, d: int, causal: bool, window: int, sinks: bool, backward: bool, dv: int = 0
 ) -> float:
-    """Model time at boost clock of the attention op a layer graph builds for this shape (value head dim
-    `dv`, default `d`)."""
-    model = dataclasses.replace(load_model("gpt-oss-20b"), attention_window=window, sinks=sinks)
-    kind = LayerKind("window" if window else "full", "dense")
-    plan = Plan(seq_len=s, micro_batch=b, global_batch=b, causal=causal)
-    (op,), _ = core_attention(model, plan, kind, heads, d, dv or d)
-    return op_time_s(H100, op, backward, plan) * BOOST * 1e3
+    """Model time at boost clock of the attention op a layer graph builds for this shape on the H100
+    (value head dim `dv`, default `d`)."""
+    seconds = _attention_s("H100", b, s, heads, d, dv or d, causal, window, backward, sinks=sinks)
+    return seconds * BOOST * 1e3
 
 
 def _attention_ratios() -> list[float]:

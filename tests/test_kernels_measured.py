@@ -106,10 +106,12 @@ def _attention_s(
     window: int,
     backward: bool,
     kernel: str = "auto",
+    sinks: bool = False,
 ) -> float:
     """Model time (sustained clock) of the attention op the layer graph builds for this batch, sequence,
-    head shape, mask and window, forward or backward, with the given attention kernel."""
-    model = dataclasses.replace(load_model("gpt-oss-20b"), attention_window=window, sinks=False)
+    head shape, mask and window, forward or backward, with the given attention kernel (and learned sinks
+    per head: GPT-OSS's)."""
+    model = dataclasses.replace(load_model("gpt-oss-20b"), attention_window=window, sinks=sinks)
     kind = LayerKind("window" if window else "full", "dense")
     plan = Plan(seq_len=s, micro_batch=b, global_batch=b, causal=causal, attention_kernel=kernel)
     (op,), _ = core_attention(model, plan, kind, heads, dqk, dvo)
