@@ -59,6 +59,16 @@ GEMM_CALL_S = 33e-6
 # above; TransformerEngine issue #2053 measured 13.5 us for a torch-backend Linear forward on an H100 DGX, so
 # a bare DGX host may be quicker per call than these virtualised ones.
 TORCH_GEMM_S = 22.6e-6
+# Host time per weight tensor of a Transformer Engine GEMM in backward, under Megatron-Core's DDP: TE adds
+# the weight gradient into `main_grad` inside its wgrad GEMM and hands autograd a dummy gradient instead
+# (`torch.empty` of the weight's shape, TE v2.9 `handle_custom_ddp_from_mcore`); autograd's AccumulateGrad
+# node stores it and runs the hook DDP registers on that node, which drops it and marks the bucket ready
+# (core_v0.15.0 `_make_backward_post_hook`). A grouped GEMM pays it once per expert. Timed on CPU with the
+# same code (bench/host_param_hooks.py, validation/host_param_hooks_cpu.json): 6.9-7.0 us per weight, of
+# which the dummy's allocation is 2.0 us there and 4.7 us through CUDA's caching allocator on the H100
+# machines (`host_runs` torch_empty_us): 7.0 - 2.0 + 4.7 = 9.6 us. DDP's forward pre-hook (with
+# `overlap_param_gather`) costs ~1 us per weight on the same bench: left out.
+PARAM_BWD_S = 9.6e-6
 # Per FP8 GEMM operand quantized in a phase, per expert: its kernels (`graph.fp8.QUANT_KERNELS`) and the
 # tensors allocated for the result (block-scaled recipes: data and scales, row- and column-wise = 4;
 # per-tensor: data and its transpose = 2; Megatron-LM DeepSeek-V3 GB200 guide, MXFP8), each a call of
@@ -92,9 +102,10 @@ def graphed(op: Op, plan: Plan) -> bool:
 def op_host_s(op: Op, backward: bool, plan: Plan) -> float:
     """Host time to issue `op`'s forward or backward kernels (0 when a CUDA graph captures them).
     A GEMM issues one call per expert (`groups`) forward and two (dgrad, wgrad) backward: a Transformer
-    Engine module pays its set-up once and `GEMM_CALL_S` per further GEMM; a PyTorch GEMM pays per call.
-    An FP8 GEMM also quantizes one operand per expert per phase (forward its input, backward the output
-    gradient). Flash attention is one Transformer Engine module call per phase."""
+    Engine module pays its set-up once and `GEMM_CALL_S` per further GEMM, and in backward `PARAM_BWD_S`
+    per weight (one per expert); a PyTorch GEMM pays per call. An FP8 GEMM also quantizes one operand per
+    expert per phase (forward its input, backward the output gradient). Flash attention is one Transformer
+    Engine module call per phase."""
     if graphed(op, plan):
         return 0.0
     if op.kind == "attention":
@@ -103,6 +114,8 @@ def op_host_s(op: Op, backward: bool, plan: Plan) -> float:
         return op_kernels(op, backward, plan) * LAUNCH_S
     calls = op.groups * (2 if backward else 1)
     issue = TE_MODULE_S + (calls - 1) * GEMM_CALL_S if op.te_module else calls * TORCH_GEMM_S
+    if backward and op.te_module:  # its weights' dummy gradients and DDP hooks
+        issue += op.groups * PARAM_BWD_S
     if not (op.fp8 and plan.precision == "fp8"):
         return issue
     recipe = plan.fp8_recipe
