@@ -74,29 +74,37 @@ def test_graphing_the_router_and_preprocess_keeps_the_sync():
     assert host_stall_s(ops, times, False, Plan(cuda_graphs=("attn", "moe"))) == 0.0
 
 
-def _dispatch(after: str = "kernel") -> Collective:
-    """A forward MoE dispatch the host issues after waiting for the token counts."""
-    return Collective("ep dispatch all-to-all", "all_to_all", "ep", 0.0, "fwd", after=after, host_sync=True)
+def _dispatch(after: str = "kernel", call: str = "") -> Collective:
+    """A forward MoE dispatch the host issues after waiting for the token counts, by the call `call`."""
+    return Collective("ep dispatch all-to-all", "all_to_all", "ep", 0.0, "fwd", after=after, host_sync=True, call=call)
 
 
-def test_a_deepep_or_hybridep_dispatch_call_is_host_time_after_the_sync():
-    """After the sync the host spends `EP_DISPATCH_CALL_S` in a DeepEP/HybridEP dispatch call before its
-    kernel runs: the drained GPU waits for it. NCCL's all-to-all dispatcher has no such call (its
-    copies are the graph's memory ops), and under the EP overlap the queue is not drained: the call is
-    host time like any other, hidden while the GPU has work."""
-    from shardscope.costs.host import EP_DISPATCH_CALL_S
+def test_a_dispatch_call_is_host_time_after_the_sync():
+    """After the sync the host spends the dispatch call's time before its kernel runs: the drained GPU
+    waits for it. A DeepEP/HybridEP dispatch call takes `EP_DISPATCH_CALL_S`; Megatron's all-to-all
+    dispatcher its measured dispatch stage (`A2A_DISPATCHER_S`, growing with EP). Under the EP overlap the
+    queue is not drained: the call is host time like any other, hidden while the GPU has work."""
+    from shardscope.costs.host import A2A_DISPATCHER_S, EP_DISPATCH_CALL_S
 
     ops = (Op("kernel", "memory"), Op("permute", "memory"), LOOP)
     times = (1.0, 0.0, 0.0)
-    comms = [(_dispatch(), 0.0)]
     loop = op_host_s(LOOP, False, Plan())
     flat, hierarchical = Plan(ep=8), Plan(ep=8, ep_dispatch="deepep")
-    assert host_stall_s(ops, times, False, flat, comms) == pytest.approx(LAUNCH_S + loop + LAUNCH_S)
+    fixed, per_rank = A2A_DISPATCHER_S["dispatch"]
+    flat_call = [(_dispatch(call="a2a_dispatch"), 0.0)]
+    assert host_stall_s(ops, times, False, flat, flat_call) == pytest.approx(fixed + 8 * per_rank + 2 * LAUNCH_S + loop)
+    assert host_stall_s(ops, times, False, replace(flat, ep=64), flat_call) == pytest.approx(
+        fixed + 64 * per_rank + 2 * LAUNCH_S + loop
+    )
+    comms = [(_dispatch(call="flex_dispatch"), 0.0)]
     assert host_stall_s(ops, times, False, hierarchical, comms) == pytest.approx(
         EP_DISPATCH_CALL_S + 2 * LAUNCH_S + loop
     )
     assert host_stall_s(ops, times, False, replace(hierarchical, ep_comm_overlap=True), comms) == 0.0
-    assert host_stall_s(ops, times, True, hierarchical, comms) == host_stall_s(ops, times, True, flat, comms)
+    assert host_stall_s(ops, times, True, hierarchical, comms) == host_stall_s(ops, times, True, flat, flat_call)
+    # a collective issued by no measured call costs no host time of its own
+    uncalled = [(_dispatch(), 0.0)]
+    assert host_stall_s(ops, times, False, hierarchical, uncalled) == pytest.approx(2 * LAUNCH_S + loop)
 
 
 def test_exposed_communication_is_gpu_time_where_it_is_issued():
@@ -382,7 +390,10 @@ def test_a_graph_of_the_moe_layer_captures_its_router_and_preprocess():
     graphed = replace(plan, cuda_graphs=("moe",))
     inside = [op for op in layer.ops if op.scope in ("moe_router", "moe_preprocess", "moe")]
     assert {op.scope for op in inside} == {"moe_router", "moe_preprocess", "moe"}
-    assert all(op_host_s(op, False, plan) > 0 for op in inside)
+    # the all-to-all dispatcher's permutes and sorts run inside its calls, whose ops carry their host time
+    within_calls = [op for op in inside if op.call == "a2a_in_call"]
+    assert {op.name for op in within_calls} == {"permute", "sort chunks by expert", "unsort chunks"}
+    assert all(op_host_s(op, False, plan) > 0 for op in inside if op not in within_calls)
     assert all(op_host_s(op, b, graphed) == 0.0 for op in inside for b in (False, True))
     attention = [op for op in layer.ops if op.scope == "attn"]
     assert all(op_host_s(op, False, graphed) > 0 for op in attention)

@@ -85,6 +85,35 @@ QUANT_ALLOCS = {"tensorwise": 2, "delayed": 2, "blockwise": 4, "mxfp8": 4}
 # overlap/SKILL.md @067f987df): dispatch-with-permute minus its metadata preprocess, (4.253 - 3.109) s and
 # (1.767 - 0.670) s over 3,072 forward calls = 0.372 and 0.357 ms, with and without the overlap.
 EP_DISPATCH_CALL_S = 0.365e-3
+# Host time of Megatron-Core's all-to-all token dispatcher (`MoEAlltoAllTokenDispatcher`, `--ep-dispatch
+# flat`) per MoE layer and micro-batch, on the H100 hosts, as a + b x EP seconds per stage. Its Python runs
+# on a CPU as released (bench/megatron_dispatcher_host.py: one EP rank on torch.distributed's fake backend,
+# force-balanced counts, TE's fused permutes stood in for by one autograd call each; Megatron-Core 0.15.0
+# and 0.16.1 alike), EP 8 to 64 with 128 experts top-8 (validation/megatron_dispatcher_host_cpu.json).
+# That CPU's times are put on the H100 hosts' clock: Python and ATen dispatch there run at (10.05 us for a
+# `torch.add(out=)` through CUDA, `host_runs`, less its 4.1 us C++ launch) / 3.68 us for the same call on
+# the bench's CPU = 1.61x the bench's time, and each kernel-launching ATen call adds a C++ launch
+# (`CPP_LAUNCH_S`). Per stage: before the dispatcher's sync, counting the tokens per expert, all-gathering
+# the counts, copying them to the host and permuting (0.53 ms at EP 8); after it, the token and routing-
+# weight all-to-alls and the sort by local expert (0.39 ms); the combine: unsort, all-to-all, un-permute
+# (0.34 ms); and the backward of all of it (0.81 ms). Cross-check: HybridEP's dispatch call, measured in an
+# Nsight profile on H100 hosts (`EP_DISPATCH_CALL_S`), takes 0.365 ms. Before this, the model counted one
+# launch per permute or sort (0.05 ms a phase).
+A2A_DISPATCHER_S = {
+    "preprocess": (503.4e-6, 2.75e-6),
+    "dispatch": (340.2e-6, 6.65e-6),
+    "combine": (310.4e-6, 3.54e-6),
+    "backward": (750.1e-6, 7.20e-6),
+}
+# The stage whose host time an op or collective of the dispatcher carries (forward, backward; "": none,
+# a call inside a stage measured whole). Each is issued where its stage runs in Megatron-Core: the
+# preprocess before the sync, the dispatch call right after it, the combine after the experts.
+CALLS = {
+    "a2a_preprocess": ("preprocess", ""),
+    "a2a_dispatch": ("dispatch", ""),
+    "a2a_combine": ("combine", "backward"),
+    "a2a_in_call": ("", ""),
+}
 
 
 # Scopes inside the MoE layer: a CUDA graph of `moe` (the whole MoE layer) captures them too.
@@ -99,15 +128,26 @@ def graphed(op: Op, plan: Plan) -> bool:
     return "full_iteration" in graphs or op.scope in graphs or ("moe" in graphs and op.scope in WITHIN_MOE)
 
 
+def call_host_s(call: str, backward: bool, ep: int) -> float:
+    """Host time of one phase of a framework call whose time is measured whole (`CALLS`)."""
+    stage = CALLS[call][backward]
+    if not stage:
+        return 0.0
+    fixed, per_rank = A2A_DISPATCHER_S[stage]
+    return fixed + per_rank * ep
+
+
 def op_host_s(op: Op, backward: bool, plan: Plan) -> float:
     """Host time to issue `op`'s forward or backward kernels (0 when a CUDA graph captures them).
     A GEMM issues one call per expert (`groups`) forward and two (dgrad, wgrad) backward: a Transformer
     Engine module pays its set-up once and `GEMM_CALL_S` per further GEMM, and in backward `PARAM_BWD_S`
     per weight (one per expert); a PyTorch GEMM pays per call. An FP8 GEMM also quantizes one operand per
     expert per phase (forward its input, backward the output gradient). Flash attention is one Transformer
-    Engine module call per phase."""
+    Engine module call per phase. An op issued by a call measured whole (`Op.call`) takes its share of it."""
     if graphed(op, plan):
         return 0.0
+    if op.call:
+        return call_host_s(op.call, backward, plan.ep)
     if op.kind == "attention":
         return TE_MODULE_S
     if op.kind != "gemm":
@@ -153,11 +193,15 @@ def waits(op: Op, backward: bool, plan: Plan) -> bool:
     return op.host_sync and (op.stream_sync or not plan.ep_comm_overlap)
 
 
-def dispatch_call_s(plan: Plan) -> float:
-    """Host time of the forward dispatch call after the sync (`EP_DISPATCH_CALL_S`): DeepEP/HybridEP
-    (hierarchical dispatch) in an eager MoE layer; NCCL's all-to-all dispatcher launches its copies from
-    the memory ops of the graph."""
-    return EP_DISPATCH_CALL_S if plan.ep > 1 and plan.ep_dispatch != "flat" and syncs(plan) else 0.0
+def collective_call_s(c: Collective, plan: Plan) -> float:
+    """Host time of the call that issues the forward collective `c` in an eager MoE layer: a DeepEP/HybridEP
+    dispatch that waits for the token counts (`EP_DISPATCH_CALL_S`), or Megatron-Core's all-to-all
+    dispatcher's dispatch call (`A2A_DISPATCHER_S`); 0 where a CUDA graph captures the MoE layer."""
+    if not c.call or not syncs(plan):
+        return 0.0
+    if c.call == "flex_dispatch":
+        return EP_DISPATCH_CALL_S if c.host_sync else 0.0
+    return call_host_s(c.call, False, plan.ep)
 
 
 def queue_idle_s(host: list[float], gpu: list[float]) -> float:
@@ -181,8 +225,8 @@ def _issue_order(
 ) -> list[tuple[float, float, bool]]:
     """The phase as the host issues it: (host time, GPU time, issued on an empty queue) per op, with each
     collective's exposed time as GPU work where it is issued (forward: after the op it names, or before
-    the first op; backward, which issues the ops in reverse, at its start). A DeepEP/HybridEP dispatch
-    that waits costs its call's host time (`dispatch_call_s`)."""
+    the first op; backward, which issues the ops in reverse, at its start). A collective's issuing call
+    costs its host time (`collective_call_s`)."""
     timed = zip(ops, gpu_times, strict=True)
     items = [(op_host_s(op, backward, plan), t, waits(op, backward, plan)) for op, t in timed]
     if backward:
@@ -191,7 +235,7 @@ def _issue_order(
     placed: dict[int, list[tuple[float, float, bool]]] = {}
     # after one op, the collectives that wait go last: they wait for what the others exchange (the counts)
     for c, exposed_s in sorted(comms, key=lambda item: item[0].host_sync):
-        call = dispatch_call_s(plan) if c.host_sync else 0.0
+        call = collective_call_s(c, plan)
         placed.setdefault(at[c.after] if c.after else -1, []).append((call, exposed_s, c.host_sync and drains(plan)))
     order = placed.get(-1, [])
     for i, item in enumerate(items):

@@ -250,7 +250,24 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     moved = BF16 * tm * h + perm
     if plan.ep > 1 and plan.ep_dispatch == "deepep" and not plan.deepep_fused_routing_map:
         ops.append(_deepep_routing_map(moe, plan, tm * load))
-    permute = Op("permute", "memory", bytes=moved, bwd_bytes=moved, scope="moe_preprocess", host_sync=waits_to_permute)
+    # Megatron-Core's all-to-all dispatcher is Python whose host time is measured per stage, not per kernel
+    # (costs.host.A2A_DISPATCHER_S): its preprocess before the sync (a host-only op here, its kernels few
+    # and small), the dispatch call after it, the combine with its backward.
+    a2a_calls = plan.ep > 1 and not flex
+    if a2a_calls:
+        ops.append(
+            Op("all-to-all dispatcher preprocess", "memory", launches=0, scope="moe_preprocess", call="a2a_preprocess")
+        )
+    in_call = "a2a_in_call" if a2a_calls else ""
+    permute = Op(
+        "permute",
+        "memory",
+        bytes=moved,
+        bwd_bytes=moved,
+        scope="moe_preprocess",
+        host_sync=waits_to_permute,
+        call=in_call,
+    )
     ops.append(permute)
     dispatch = load * perm
     sent_after = "router top-k" if flex else permute.name
@@ -268,7 +285,8 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
             if flex
             else None
         )
-        return Collective(f"ep {name} all-to-all", "all_to_all", "ep", dispatch, phase, hide, fanout, after, sync)
+        call = ("flex_dispatch" if flex else "a2a_dispatch") if (name, phase) == ("dispatch", "fwd") else ""
+        return Collective(f"ep {name} all-to-all", "all_to_all", "ep", dispatch, phase, hide, fanout, after, sync, call)
 
     def beside_dispatch(name: str, kind: CollectiveKind, nbytes: float, phase: Phase, after: str = "") -> Collective:
         hide: HiddenBy = ("bwd_mlp" if phase == "fwd" else "fwd_mlp") if plan.ep_comm_overlap else ""
@@ -318,7 +336,15 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     sort_chunks = plan.ep > 1 and plan.ep_dispatch == "flat" and local_experts > 1
     sort_bytes = 2 * BF16 * routed * h  # read and write every routed row
     if sort_chunks:
-        ops.append(Op("sort chunks by expert", "memory", bytes=sort_bytes + 2 * FP32 * routed, bwd_bytes=sort_bytes))
+        ops.append(
+            Op(
+                "sort chunks by expert",
+                "memory",
+                bytes=sort_bytes + 2 * FP32 * routed,
+                bwd_bytes=sort_bytes,
+                call=in_call,
+            )
+        )
     saved.append(Saved("permuted tokens (expert input)", sh.gemm_in * routed * h, NOT_FULL))
     e_ops, e_saved, fi, fg = _ffn(
         model,
@@ -386,7 +412,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     else:  # the weighted sum after the un-permute keeps the expert outputs for the weights' gradient
         saved.append(Saved("expert outputs", BF16 * routed * h, NOT_FULL))
     if sort_chunks:
-        ops.append(Op("unsort chunks", "memory", bytes=sort_bytes, bwd_bytes=sort_bytes))
+        ops.append(Op("unsort chunks", "memory", bytes=sort_bytes, bwd_bytes=sort_bytes, call=in_call))
     # the all-to-all dispatcher combines before its un-permute, DeepEP and HybridEP after theirs
     unpermute = "unpermute + weighted sum"
     experts_done = ops[-1].name
@@ -402,7 +428,8 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
         comms += [a2a("combine", "fwd", "bwd_attn", combined_after), a2a("combine", "bwd", "fwd_attn")]
     # backward scatters the output gradient to the rows; unfused, it also reads the expert outputs
     unpermute_bwd = (1 if plan.fused_activation else 2) * perm + BF16 * tm * h
-    ops.append(Op(unpermute, "memory", bytes=perm + BF16 * tm * h, bwd_bytes=unpermute_bwd))
+    combine_call = "a2a_combine" if a2a_calls else ""
+    ops.append(Op(unpermute, "memory", bytes=perm + BF16 * tm * h, bwd_bytes=unpermute_bwd, call=combine_call))
     ops[moe_start[0] :] = tagged(ops[moe_start[0] :], "moe")
     saved[moe_start[1] :] = tagged(saved[moe_start[1] :], "moe")
     ops.append(residual("mlp residual add", model, t_sp))

@@ -56,6 +56,7 @@ class Op:
     query_rows: int = 0  # attention: (sequence, head, query) rows this GPU's kernel runs (0: not stated)
     sinks: bool = False  # attention: a learned sink logit per head (its gradient costs the backward a pass)
     aten: bool = False  # memory: eager PyTorch kernels over strided, broadcast or mixed-precision operands
+    call: str = ""  # a framework call whose measured host time replaces its launches' (costs.host.CALLS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +94,8 @@ class Collective:
     that can overlap it (see `HiddenBy`; "" = exposed on the critical path). A forward collective names
     the op it is issued `after` ("" = before the unit's first op), and `host_sync` marks one the host
     issues only after waiting for the GPU (as `Op.host_sync`): where its exposed time runs while the host
-    issues the ops that follow (`costs.host.host_stall_s`).
+    issues the ops that follow (`costs.host.host_stall_s`). `call` names the framework call that issues it
+    where that call's host time is measured (`costs.host.collective_call_s`).
     """
 
     name: str
@@ -105,3 +107,4 @@ class Collective:
     fanout: TokenFanout | None = None  # MoE dispatch sent once per destination GPU / node; None = per expert
     after: str = ""
     host_sync: bool = False
+    call: str = ""  # the framework call that issues it, where its host time is measured (costs.host.CALLS)
