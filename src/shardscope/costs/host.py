@@ -59,6 +59,13 @@ GEMM_CALL_S = 33e-6
 # above; TransformerEngine issue #2053 measured 13.5 us for a torch-backend Linear forward on an H100 DGX, so
 # a bare DGX host may be quicker per call than these virtualised ones.
 TORCH_GEMM_S = 22.6e-6
+# Framework Python that needs no GPU is timed on a CPU (bench/host_param_hooks.py,
+# bench/megatron_dispatcher_host.py) and put on the H100 hosts' clock: Python and ATen dispatch run there at
+# HOST_PYTHON_SPEED x the benches' CPU time, from one call timed on both, `torch.add(x, 1, out=y)`: 10.05 us
+# through CUDA on the H100 hosts (`host_runs` launch_add_us) less its C++ launch (4.1 us, `CPP_LAUNCH_S`),
+# over 3.68 us on the benches' CPU (validation/megatron_dispatcher_host_cpu.json add_out_us). What only the
+# GPU path does is added at its own measured cost: a kernel launch, a CUDA allocation.
+HOST_PYTHON_SPEED = 1.61
 # Host time per weight tensor of a Transformer Engine GEMM in backward, under Megatron-Core's DDP: TE adds
 # the weight gradient into `main_grad` inside its wgrad GEMM and hands autograd a dummy gradient instead
 # (`torch.empty` of the weight's shape, TE v2.9 `handle_custom_ddp_from_mcore`); autograd's AccumulateGrad
@@ -66,9 +73,9 @@ TORCH_GEMM_S = 22.6e-6
 # (core_v0.15.0 `_make_backward_post_hook`). A grouped GEMM pays it once per expert. Timed on CPU with the
 # same code (bench/host_param_hooks.py, validation/host_param_hooks_cpu.json): 6.9-7.0 us per weight, of
 # which the dummy's allocation is 2.0 us there and 4.7 us through CUDA's caching allocator on the H100
-# machines (`host_runs` torch_empty_us): 7.0 - 2.0 + 4.7 = 9.6 us. DDP's forward pre-hook (with
+# machines (`host_runs` torch_empty_us): 1.61 x (7.0 - 2.0) + 4.7 = 12.7 us. DDP's forward pre-hook (with
 # `overlap_param_gather`) costs ~1 us per weight on the same bench: left out.
-PARAM_BWD_S = 9.6e-6
+PARAM_BWD_S = 12.7e-6
 # Per FP8 GEMM operand quantized in a phase, per expert: its kernels (`graph.fp8.QUANT_KERNELS`) and the
 # tensors allocated for the result (block-scaled recipes: data and scales, row- and column-wise = 4;
 # per-tensor: data and its transpose = 2; Megatron-LM DeepSeek-V3 GB200 guide, MXFP8), each a call of
@@ -90,15 +97,13 @@ EP_DISPATCH_CALL_S = 0.365e-3
 # on a CPU as released (bench/megatron_dispatcher_host.py: one EP rank on torch.distributed's fake backend,
 # force-balanced counts, TE's fused permutes stood in for by one autograd call each; Megatron-Core 0.15.0
 # and 0.16.1 alike), EP 8 to 64 with 128 experts top-8 (validation/megatron_dispatcher_host_cpu.json).
-# That CPU's times are put on the H100 hosts' clock: Python and ATen dispatch there run at (10.05 us for a
-# `torch.add(out=)` through CUDA, `host_runs`, less its 4.1 us C++ launch) / 3.68 us for the same call on
-# the bench's CPU = 1.61x the bench's time, and each kernel-launching ATen call adds a C++ launch
-# (`CPP_LAUNCH_S`). Per stage: before the dispatcher's sync, counting the tokens per expert, all-gathering
-# the counts, copying them to the host and permuting (0.53 ms at EP 8); after it, the token and routing-
-# weight all-to-alls and the sort by local expert (0.39 ms); the combine: unsort, all-to-all, un-permute
-# (0.34 ms); and the backward of all of it (0.81 ms). Cross-check: HybridEP's dispatch call, measured in an
-# Nsight profile on H100 hosts (`EP_DISPATCH_CALL_S`), takes 0.365 ms. Before this, the model counted one
-# launch per permute or sort (0.05 ms a phase).
+# The bench's times are put on the H100 hosts' clock (`HOST_PYTHON_SPEED`), and each kernel-launching ATen
+# call adds a C++ launch (`CPP_LAUNCH_S`). Per stage: before the dispatcher's sync, counting the tokens per
+# expert, all-gathering the counts, copying them to the host and permuting (0.53 ms at EP 8); after it, the
+# token and routing-weight all-to-alls and the sort by local expert (0.39 ms); the combine: unsort,
+# all-to-all, un-permute (0.34 ms); and the backward of all of it (0.81 ms). Cross-check: HybridEP's dispatch
+# call, measured in an Nsight profile on H100 hosts (`EP_DISPATCH_CALL_S`), takes 0.365 ms. Before this, the
+# model counted one launch per permute or sort (0.05 ms a phase).
 A2A_DISPATCHER_S = {
     "preprocess": (503.4e-6, 2.75e-6),
     "dispatch": (340.2e-6, 6.65e-6),
