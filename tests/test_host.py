@@ -318,7 +318,7 @@ def test_graphing_attention_and_router_speeds_a_host_bound_moe_step():
     """Megatron-Bridge measured Qwen3-30B-A3B on 16 H100 (TP2 PP2 EP4, MBS 1; the recipe's 4,096-token
     sequences, BF16) 22% faster with attention, router and preprocess graphed (623 ms -> 484 ms a step;
     docs/training/cuda-graphs.md at 2f3ecca48). The same doc says Transformer Engine's scoped graphs
-    refuse full recompute, so the run recomputed nothing. The model gives a smaller gain, 9%: graphing
+    refuse full recompute, so the run recomputed nothing. The model gives a smaller gain, 15%: graphing
     saves more host time than the per-call costs account for. Only the ratio is compared: the doc's
     TFLOP/s imply about 92k tokens a step, not the GBS 8 it states, so its step times are not."""
     plan = dict(gpu="H100", gpus=16, tp=2, pp=2, ep=4, zero=1, global_batch=8, seq_len=4096, recompute="none")
