@@ -17,10 +17,11 @@ in for one rank of an EP group:
 
 Setup (not a shardscope dependency): `pip install --no-deps --target /tmp/mcore megatron-core==0.15.0`, then
 `PYTHONPATH=/tmp/mcore python bench/megatron_dispatcher_host.py [--ep 8 --experts 128 --topk 8] [--json OUT]`.
-It prints each stage's median host time and the same autograd op chain that bench/device/h100_kernels.py
-times on the H100 hosts (`host_autograd_section`), run on this CPU, to compare the two hosts.
-`moe_permute_fusion` needs Transformer Engine, which needs a GPU: the permutes and sorts run unfused here,
-and are timed apart so that the rest (the dispatcher's own glue) can be taken alone.
+It prints each stage's host time in reference ops (the fastest of interleaved blocks over the time of one
+op of the autograd chain that bench/device/h100_kernels.py times on the H100 hosts, run between the blocks),
+the kernel-launching ATen calls of each stage, and `torch.add(out=)`, which the H100 hosts timed too.
+The recipes run `moe_permute_fusion`, whose Transformer Engine kernels need a GPU: each fused call is stood
+in for by one autograd call (`_Rows`); `--unfused` runs Megatron's unfused permutes and sorts instead.
 """
 
 from __future__ import annotations
@@ -362,7 +363,7 @@ def main() -> None:
     parser.add_argument("--ep", type=int, default=8)
     parser.add_argument("--experts", type=int, default=128)
     parser.add_argument("--topk", type=int, default=8)
-    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--unfused", action="store_true", help="Megatron's unfused permutes and sorts")
     parser.add_argument("--steps", type=int, default=40, help="steps per timed block")
     parser.add_argument("--rounds", type=int, default=15, help="timed blocks (the fastest is kept)")
