@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from host_param_hooks import cpu_name  # bench/ is the script's directory
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -373,6 +374,8 @@ def main() -> None:
     print(json.dumps(run, indent=1))
     if args.json:
         data = json.loads(args.json.read_text()) if args.json.exists() else {"runs": []}
+        data["torch"] = torch.__version__
+        data["cpu"] = cpu_name()
         data["runs"].append({k: round(v, 2) if isinstance(v, float) else v for k, v in run.items()})
         args.json.write_text(json.dumps(data, indent=1) + "\n")
 
