@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 
 from shardscope.costs.host import (  # noqa: E402
     A2A_DISPATCHER_S,
+    CPP_ALLOC_S,
     CPP_LAUNCH_S,
     GEMM_CALL_S,
     HOST_PYTHON_SPEED,
@@ -38,7 +39,8 @@ from shardscope.plan.plan import Plan, make_plan  # noqa: E402
 ROOT = Path(__file__).parent.parent
 MEASURED = json.loads((ROOT / "validation" / "host_param_hooks_cpu.json").read_text())
 DISPATCHER = json.loads((ROOT / "validation" / "megatron_dispatcher_host_cpu.json").read_text())["runs"]
-H100_HOST = json.loads((ROOT / "validation" / "kernels_measured_h100.json").read_text())["host_runs"]
+H100_MEASURED = json.loads((ROOT / "validation" / "kernels_measured_h100.json").read_text())
+H100_HOST, H100_AUTOGRAD = H100_MEASURED["host_runs"], H100_MEASURED["host_autograd_runs"]
 # The dispatcher's stages as the bench times them (forward stages nest the permute and sort calls whose
 # kernels it counts apart), and the reference op each is measured in.
 STAGES = {
@@ -109,6 +111,12 @@ def test_host_python_speed_is_the_measured_ratio():
     cpu_us = statistics.fmean(r["add_out_us"] for r in DISPATCHER)
     assert all(3.5 < r["add_out_us"] < 4.0 for r in DISPATCHER)  # the bench CPU's runs agree
     assert h100_us / cpu_us == pytest.approx(HOST_PYTHON_SPEED, rel=0.01)
+    # the autograd op chain, timed on both hosts, agrees within 15% once the H100 side's C++ launch and
+    # CUDA allocation are taken off
+    h100_chain = statistics.fmean(r["fwd_autograd_op_us"] for r in H100_AUTOGRAD)
+    cpu_chain = statistics.fmean(r["fwd_autograd_op_us"] for r in DISPATCHER)
+    chain_speed = (h100_chain - (CPP_LAUNCH_S + CPP_ALLOC_S) * 1e6) / cpu_chain
+    assert 0.85 * HOST_PYTHON_SPEED < chain_speed < HOST_PYTHON_SPEED
 
 
 def test_param_bwd_cost_is_the_measured_one():
