@@ -150,12 +150,6 @@ def per_call_s(fn, reps: int = 5000, rounds: int = 25) -> float:
     return best
 
 
-def slope(xs: list[int], ys: list[float]) -> float:
-    """Least-squares slope of ys over xs."""
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
-
-
 def cpu_name() -> str:
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
@@ -163,6 +157,11 @@ def cpu_name() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
+
+
+def slope(xs: tuple[int, ...], ys: list[float]) -> float:
+    """Least-squares slope of ys over xs."""
+    return statistics.linear_regression(xs, ys).slope
 
 
 def main(sizes: tuple[int, ...] = (4, 16, 64)) -> dict[str, float]:
@@ -179,8 +178,8 @@ def main(sizes: tuple[int, ...] = (4, 16, 64)) -> dict[str, float]:
     plain, backward, forward = times[0::3], times[1::3], times[2::3]
     a = torch.zeros(4)
     return {
-        "backward_per_weight_us": (slope(list(sizes), backward) - slope(list(sizes), plain)) * 1e6,
-        "forward_pre_hook_per_weight_us": (slope(list(sizes), forward) - slope(list(sizes), backward)) * 1e6,
+        "backward_per_weight_us": (slope(sizes, backward) - slope(sizes, plain)) * 1e6,
+        "forward_pre_hook_per_weight_us": (slope(sizes, forward) - slope(sizes, backward)) * 1e6,
         "torch_empty_us": per_call_s(lambda: torch.empty((8, 8))) * 1e6,
         "add_us": per_call_s(lambda: a.add(1)) * 1e6,
     }

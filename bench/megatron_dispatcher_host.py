@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from host_param_hooks import cpu_name  # bench/ is the script's directory
+from host_param_hooks import cpu_name, per_call_s  # bench/ is the script's directory
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -193,18 +193,12 @@ class KernelCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def add_out_us(rounds: int = 15, n: int = 20000) -> float:
+def add_out_us() -> float:
     """One `torch.add(x, 1, out=y)` from Python, the fastest round: bench/device/h100_kernels.py times the
     same call through CUDA on the H100 hosts (`launch_add_us`), where it also launches a kernel."""
     x = torch.ones(16)
     y = torch.empty_like(x)
-    best = float("inf")
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(n):
-            torch.add(x, 1, out=y)
-        best = min(best, (time.perf_counter() - t) / n)
-    return best * 1e6
+    return per_call_s(lambda: torch.add(x, 1, out=y), reps=20000, rounds=15) * 1e6
 
 
 def autograd_op_chain_s(n: int = 100) -> tuple[float, float]:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_host import _moe_layer  # tests/ is on the path (conftest)
 
 torch = pytest.importorskip("torch")
 
@@ -30,11 +31,8 @@ from shardscope.costs.host import (  # noqa: E402
     call_host_s,
     op_host_s,
 )
-from shardscope.graph.build import build_stage_graph  # noqa: E402
 from shardscope.graph.common import gemm  # noqa: E402
-from shardscope.hardware.catalog import make_cluster  # noqa: E402
-from shardscope.models.catalog import load_model  # noqa: E402
-from shardscope.plan.plan import Plan, make_plan  # noqa: E402
+from shardscope.plan.plan import Plan  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 MEASURED = json.loads((ROOT / "validation" / "host_param_hooks_cpu.json").read_text())
@@ -144,12 +142,6 @@ def test_each_expert_weight_pays_its_backward_hook():
     assert op_host_s(router, True, plan) == pytest.approx(2 * op_host_s(router, False, plan))
 
 
-def _slope_intercept(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
-    return my - slope * mx, slope
-
-
 def test_a2a_dispatcher_host_is_the_measured_fit():
     """A2A_DISPATCHER_S is, per stage, the least-squares line over EP of the bench's runs on the H100 hosts'
     clock: the bench's CPU time x (H100 `torch.add(out=)` less its C++ launch) / (the bench CPU's), plus a C++
@@ -164,15 +156,9 @@ def test_a2a_dispatcher_host_is_the_measured_fit():
             kernels = sum(r["stage_kernels"].get(name, 0) for name in counted)
             eps.append(r["ep"])
             host_s.append((python_speed * cpu_us + kernels * CPP_LAUNCH_S * 1e6) * 1e-6)
-        fixed, per_rank = _slope_intercept(eps, host_s)
+        per_rank, fixed = statistics.linear_regression(eps, host_s)
         assert A2A_DISPATCHER_S[stage] == pytest.approx((fixed, per_rank), rel=0.02), stage
         assert all(abs(y - (fixed + per_rank * x)) < 0.05 * y for x, y in zip(eps, host_s, strict=True)), stage
-
-
-def _flat_moe_layer(**kw):
-    model = load_model("qwen3-30b-a3b")
-    plan = make_plan(model, make_cluster("H100", 16), ep=8, global_batch=64, seq_len=4096, **kw)
-    return plan, next(g for k, g in build_stage_graph(model, plan).layers.items() if k.mlp == "moe")
 
 
 def test_flat_dispatcher_ops_carry_its_measured_host_time():
@@ -180,7 +166,7 @@ def test_flat_dispatcher_ops_carry_its_measured_host_time():
     call is the forward dispatch all-to-all's, and the un-permute carries the combine and all the backward;
     the permutes and sorts inside those calls add nothing. DeepEP and HybridEP, and EP 1, keep per-kernel
     launches."""
-    plan, layer = _flat_moe_layer()
+    plan, layer = _moe_layer()
     names = [op.name for op in layer.ops]
     pre = layer.ops[names.index("all-to-all dispatcher preprocess")]
     assert names.index("all-to-all dispatcher preprocess") + 1 == names.index("permute")
@@ -195,7 +181,7 @@ def test_flat_dispatcher_ops_carry_its_measured_host_time():
         assert op_host_s(layer.ops[names.index(name)], False, plan) == 0.0
     calls = {(c.name, c.phase): c.call for c in layer.comms if c.call}
     assert calls == {("ep dispatch all-to-all", "fwd"): "a2a_dispatch"}
-    _, deepep = _flat_moe_layer(ep_dispatch="deepep")
+    _, deepep = _moe_layer(ep_dispatch="deepep")
     assert "all-to-all dispatcher preprocess" not in {op.name for op in deepep.ops}
     assert {c.call for c in deepep.comms if c.call} == {"flex_dispatch"}
     assert not any(op.call for op in deepep.ops)
