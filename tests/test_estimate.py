@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 import shardscope
 from shardscope.errors import ShardscopeError
 
-LLAMA8 = dict(gpu="H100", seq_len=4096)
+LLAMA8 = dict(gpu="H100", seq_len=4096, stack="megatron@2021")  # DDP, the paper-era Megatron-LM
 
 
 def test_estimate_result_fields():

@@ -421,17 +421,6 @@ def test_host_wait_is_all_of_what_graphs_save(name, plan):
     assert eager.step_time_s - graphed.step_time_s == pytest.approx(expected, rel=1e-6)
 
 
-def test_recipe_scopes():
-    from shardscope.validate.rows import recipe_cuda_graphs
-
-    assert recipe_cuda_graphs({"cuda_graphs": "none"}) == ()
-    assert recipe_cuda_graphs({"cuda_graphs": "full_iteration"}) == ("full_iteration",)
-    assert recipe_cuda_graphs({"cuda_graphs": "partial: moe_router, moe_preprocess"}) == (
-        "moe_router",
-        "moe_preprocess",
-    )
-
-
 @pytest.mark.xfail(
     strict=True,
     reason="known miss: host time in a real Megatron step exceeds the per-call microbenchmarks "

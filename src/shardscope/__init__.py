@@ -29,6 +29,8 @@ def estimate(
     gpus_per_node: int | None = None,
     cluster_file: str | Path | None = None,
     video: str | None = None,
+    stack: str | None = None,
+    power_limit_w: float | None = None,
     simulate: bool = False,
     schedule: str | None = None,
     straggler_fraction: float = 0.0,
@@ -39,18 +41,23 @@ def estimate(
     """Estimate one training step of `model` (catalog name or config.json path) on `gpus` GPUs.
 
     Plan keywords are the fields of `shardscope.plan.Plan` (tp, pp, vpp, cp, dp, zero, fsdp, recompute,
-    micro_batch, global_batch, seq_len, ...); dp is derived when left out. For a video diffusion
+    micro_batch, global_batch, seq_len, ...); dp is derived when left out. `stack` ("megatron", "nemo@25.04",
+    "torchtitan", ...; see `shardscope stacks`) sets what the framework decides; a keyword given (not None)
+    overrides it. `power_limit_w` caps every GPU's board power (lower clocks). For a video diffusion
     transformer, `video="FRAMESxHEIGHTxWIDTH"` sets seq_len to the clip's latent token count.
     `simulate=True` runs the discrete-event simulator (pipeline `schedule`: gpipe, 1f1b, interleaved,
     zb-h1, dualpipe; stragglers) instead of the closed form; `trace` writes its Chrome-trace JSON.
     """
     from shardscope.analytic.step import estimate_step
+    from shardscope.stacks import load_stack
 
+    resolved = load_stack(stack or "")
     spec, cluster, p = setup(
-        model, gpu, gpus, gpus_per_node=gpus_per_node, cluster_file=cluster_file, video=video, **plan
-    )
+        model, gpu, gpus, gpus_per_node=gpus_per_node, cluster_file=cluster_file, video=video, stack=resolved,
+        power_limit_w=power_limit_w, **plan,
+    )  # fmt: skip
     if not (simulate or trace or schedule or straggler_fraction):
-        return estimate_step(spec, cluster, p)
+        return _with_stack(estimate_step(spec, cluster, p), resolved)
     from shardscope.errors import ShardscopeError
     from shardscope.sim import SCHEDULES, simulate_step
 
@@ -73,7 +80,13 @@ def estimate(
         from shardscope.report.trace import write_trace
 
         write_trace(result, Path(trace))
-    return result.estimate
+    return _with_stack(result.estimate, resolved)
+
+
+def _with_stack(est: Estimate, stack) -> Estimate:
+    from shardscope.records import evolve
+
+    return evolve(est, stack=stack.label, warnings=est.warnings + stack.warnings)
 
 
 def setup(
@@ -84,12 +97,14 @@ def setup(
     gpus_per_node: int | None = None,
     cluster_file: str | Path | None = None,
     video: str | None = None,
+    stack: object = None,
+    power_limit_w: float | None = None,
     **plan: object,
 ) -> tuple[ModelSpec, Cluster, Plan]:
     """The model spec, cluster and validated plan that `estimate` takes the same arguments for."""
     from shardscope.hardware.catalog import load_cluster_file, make_cluster
     from shardscope.models.catalog import load_model
-    from shardscope.plan.plan import make_plan
+    from shardscope.plan.resolve import stack_plan
 
     spec = load_model(model)
     if video is not None:
@@ -97,8 +112,8 @@ def setup(
     if cluster_file is not None:
         cluster = load_cluster_file(Path(cluster_file), gpus=gpus)
     else:
-        cluster = make_cluster(gpu, gpus, gpus_per_node)
-    return spec, cluster, make_plan(spec, cluster, **plan)
+        cluster = make_cluster(gpu, gpus, gpus_per_node, power_limit_w=power_limit_w)
+    return spec, cluster, stack_plan(spec, cluster, stack, **plan)
 
 
 def video_seq_len(spec, video: str) -> int:

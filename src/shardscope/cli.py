@@ -40,10 +40,12 @@ PpLayout = Annotated[
 Cp = Annotated[int, typer.Option(help="context-parallel degree")]
 CpKind = Annotated[str, typer.Option(help="context parallel: ring | a2a")]
 SequenceParallel = Annotated[bool, typer.Option(help="Megatron sequence parallel with TP")]
-Zero = Annotated[int, typer.Option(help="ZeRO stage 0-3 (Megatron-style state)")]
-Fsdp = Annotated[bool, typer.Option(help="PyTorch FSDP (full shard); see --shard-group, --reshard")]
+Zero = Annotated[int | None, typer.Option(help="ZeRO stage 0-3 (Megatron-style state; default: the stack's)")]
+Fsdp = Annotated[
+    bool | None, typer.Option("--fsdp/--no-fsdp", help="PyTorch FSDP (full shard); see --shard-group, --reshard")
+]
 ShardGroup = Annotated[int, typer.Option(help="HSDP shard-group size (0 = all of dp)")]
-Reshard = Annotated[bool, typer.Option(help="FSDP reshard after forward")]
+Reshard = Annotated[bool | None, typer.Option("--reshard/--no-reshard", help="FSDP reshard after forward")]
 Recompute = Annotated[str, typer.Option(help="activation recompute: none | selective | full")]
 RecomputeLayers = Annotated[int, typer.Option(help="full recompute for only this many layers per stage")]
 RecomputeModules = Annotated[
@@ -55,12 +57,26 @@ GlobalBatch = Annotated[int | None, typer.Option(help="sequences per optimizer s
 SeqLen = Annotated[int, typer.Option(help="sequence length in tokens")]
 Video = Annotated[str | None, typer.Option(help="video DiT clip FRAMESxHEIGHTxWIDTH (sets the token count)")]
 Precision = Annotated[str, typer.Option(help="bf16 | fp16 | fp8")]
-Fp8Recipe = Annotated[str, typer.Option(help="tensorwise | delayed | blockwise | mxfp8")]
+Fp8Recipe = Annotated[
+    str | None, typer.Option(help="tensorwise | rowwise (torchao) | delayed | blockwise | mxfp8 (default: the stack's)")
+]
 Fp8AllGather = Annotated[
     bool, typer.Option(help="FP8 parameters, gathered in FP8, no BF16 copy (Megatron --fp8-param-gather)")
 ]
-AttentionKernel = Annotated[str, typer.Option(help="auto | fa2 | fa3 | cudnn")]
-TpCommOverlap = Annotated[bool, typer.Option(help="overlap TP collectives with GEMMs")]
+AttentionKernel = Annotated[str | None, typer.Option(help="auto | fa2 | fa3 | cudnn | unfused (default: the stack's)")]
+TpCommOverlap = Annotated[
+    bool | None, typer.Option("--tp-comm-overlap/--no-tp-comm-overlap", help="overlap TP collectives with GEMMs")
+]
+AsyncTp = Annotated[bool, typer.Option(help="torchtitan async tensor parallel (TP collectives under the GEMMs)")]
+Compile = Annotated[
+    bool | None,
+    typer.Option("--compile/--no-compile", help="torch.compile per block: norms, RoPE, SwiGLU fused (PyTorch stacks)"),
+]
+Stack = Annotated[
+    str | None,
+    typer.Option(help="software stack NAME[@RELEASE] that runs the plan (see `shardscope stacks`; default megatron)"),
+]
+PowerLimit = Annotated[float | None, typer.Option(help="GPU board power cap in watts (lower clocks), e.g. 500")]
 Ep = Annotated[int, typer.Option(help="expert-parallel degree (carved out of dp·cp·tp)")]
 Etp = Annotated[int, typer.Option(help="expert tensor-parallel degree")]
 MoeSkew = Annotated[float, typer.Option(help="Zipf exponent of expert popularity (0 = balanced)")]
@@ -71,18 +87,22 @@ PadToCapacity = Annotated[
     typer.Option(help="with --capacity-factor: pad experts to capacity, no host sync (Megatron drop-and-pad)"),
 ]
 Mtp = Annotated[bool, typer.Option(help="train the multi-token-prediction modules (DeepSeek-V3)")]
-EpCommOverlap = Annotated[bool, typer.Option(help="hide EP all-to-alls under another micro-batch")]
-EpDispatch = Annotated[str, typer.Option(help="flat (NCCL all-to-all) | deepep | hybridep (one copy per node)")]
-FsdpPrefetch = Annotated[int, typer.Option(help="FSDP layers gathered ahead (0 = no overlap)")]
+EpCommOverlap = Annotated[
+    bool | None,
+    typer.Option("--ep-comm-overlap/--no-ep-comm-overlap", help="hide EP all-to-alls under another micro-batch"),
+]
+EpDispatch = Annotated[str | None, typer.Option(help="flat (NCCL all-to-all) | deepep | hybridep (one copy per node)")]
+FsdpPrefetch = Annotated[int | None, typer.Option(help="FSDP layers gathered ahead (0 = no overlap)")]
 CudaGraphs = Annotated[
-    str,
+    str | None,
     typer.Option(help="CUDA-graphed scopes (default eager): attn,mlp,moe_router,moe_preprocess,moe | full_iteration"),
 ]
 FusedActivation = Annotated[
-    bool,
+    bool | None,
     typer.Option(
+        "--fused-activation/--no-fused-activation",
         help="Megatron-Core fused elementwise kernels: SwiGLU keeps only its input, a Wan block's norms, adaLN "
-        "modulation and gated residuals are jit-fused (default: unfused, as torchtitan / HF / diffusers)"
+        "modulation and gated residuals are jit-fused (default: unfused, as torchtitan / HF / diffusers)",
     ),
 ]
 MoeRouterPadding = Annotated[
@@ -101,14 +121,23 @@ FusedExpertMlp = Annotated[
     ),
 ]
 FusedCrossEntropy = Annotated[
-    bool,
-    typer.Option(help="fused cross-entropy kernel: no fp32 copy of the logits (default: unfused, fp32 upcast)"),
+    bool | None,
+    typer.Option(
+        "--fused-cross-entropy/--no-fused-cross-entropy",
+        help="fused cross-entropy kernel: no fp32 copy of the logits (default: the stack's)",
+    ),
 ]
 OffloadOptimizer = Annotated[bool, typer.Option(help="optimizer states in host memory, Adam on the CPU")]
 OffloadActivations = Annotated[float, typer.Option(help="fraction of saved activations offloaded")]
-OptimizerMoments = Annotated[str, typer.Option(help="Adam m, v dtype: fp32 | bf16 | fp8 (Megatron)")]
-MainGrads = Annotated[str, typer.Option(help="gradient buffer dtype: fp32 | bf16 (Megatron)")]
-OverlapGradReduce = Annotated[bool, typer.Option(help="DP gradient reduction under the backward")]
+OptimizerMoments = Annotated[str | None, typer.Option(help="Adam m, v dtype: fp32 | bf16 | fp8 (Megatron)")]
+MainGrads = Annotated[str | None, typer.Option(help="gradient buffer dtype: fp32 | bf16 (Megatron)")]
+OverlapGradReduce = Annotated[
+    bool | None,
+    typer.Option("--overlap-grad-reduce/--no-overlap-grad-reduce", help="DP gradient reduction under the backward"),
+]
+MicroBatchOpt = Annotated[
+    int | None, typer.Option("--micro-batch", help="sequences per micro-batch per GPU (default: the stack's, else 1)")
+]
 AsJson = Annotated[bool, typer.Option("--json", help="print one JSON object")]
 Workers = Annotated[
     int, typer.Option(help="local worker processes (0: one per core, up to 8, for searches of 2,000+ layouts)")
@@ -130,7 +159,7 @@ PLAN_OPTIONS = (
     "moe_skew", "moe_imbalance", "capacity_factor", "pad_to_capacity", "mtp", "ep_comm_overlap", "ep_dispatch",
     "fsdp_prefetch", "cuda_graphs", "fused_activation", "fused_cross_entropy", "offload_optimizer",
     "offload_activations", "optimizer_moments", "main_grads", "overlap_grad_reduce", "moe_router_padding",
-    "deepep_fused_routing_map", "fused_expert_mlp",
+    "deepep_fused_routing_map", "fused_expert_mlp", "compile", "async_tp",
 )  # fmt: skip
 
 
@@ -141,7 +170,7 @@ def _plan_options(values: dict, dp: int | None = None) -> dict:
     kw["reshard_after_forward"] = values["reshard"]
     if kw["global_batch"] is None:
         derived_dp = dp or max(values["gpus"] // (kw["tp"] * kw["pp"] * kw["cp"]), 1)
-        kw["global_batch"] = kw["micro_batch"] * derived_dp * max(kw["pp"], 1)
+        kw["global_batch"] = (kw["micro_batch"] or 1) * derived_dp * max(kw["pp"], 1)
     return kw
 
 
@@ -157,6 +186,8 @@ def estimate(
     gpus: Gpus = 8,
     gpus_per_node: GpusPerNode = None,
     cluster: ClusterFile = None,
+    stack: Stack = None,
+    power_limit: PowerLimit = None,
     tp: Tp = 1,
     pp: Pp = 1,
     vpp: Vpp = 1,
@@ -165,22 +196,24 @@ def estimate(
     cp_kind: CpKind = "ring",
     dp: Annotated[int | None, typer.Option(help="data-parallel degree (default gpus/(tp·pp·cp))")] = None,
     sequence_parallel: SequenceParallel = True,
-    zero: Zero = 0,
-    fsdp: Fsdp = False,
+    zero: Zero = None,
+    fsdp: Fsdp = None,
     shard_group: ShardGroup = 0,
-    reshard: Reshard = True,
+    reshard: Reshard = None,
     recompute: Recompute = "none",
     recompute_layers: RecomputeLayers = 0,
     recompute_modules: RecomputeModules = None,
-    micro_batch: MicroBatch = 1,
+    micro_batch: MicroBatchOpt = None,
     global_batch: GlobalBatch = None,
     seq_len: SeqLen = 4096,
     video: Video = None,
     precision: Precision = "bf16",
-    fp8_recipe: Fp8Recipe = "tensorwise",
+    fp8_recipe: Fp8Recipe = None,
     fp8_all_gather: Fp8AllGather = False,
-    attention_kernel: AttentionKernel = "auto",
-    tp_comm_overlap: TpCommOverlap = False,
+    attention_kernel: AttentionKernel = None,
+    tp_comm_overlap: TpCommOverlap = None,
+    async_tp: AsyncTp = False,
+    compile: Compile = None,
     ep: Ep = 1,
     etp: Etp = 1,
     moe_skew: MoeSkew = 0.0,
@@ -191,17 +224,17 @@ def estimate(
     deepep_fused_routing_map: DeepepFusedRoutingMap = False,
     fused_expert_mlp: FusedExpertMlp = False,
     mtp: Mtp = False,
-    ep_comm_overlap: EpCommOverlap = False,
-    ep_dispatch: EpDispatch = "flat",
-    fsdp_prefetch: FsdpPrefetch = 1,
-    cuda_graphs: CudaGraphs = "",
-    fused_activation: FusedActivation = False,
-    fused_cross_entropy: FusedCrossEntropy = False,
+    ep_comm_overlap: EpCommOverlap = None,
+    ep_dispatch: EpDispatch = None,
+    fsdp_prefetch: FsdpPrefetch = None,
+    cuda_graphs: CudaGraphs = None,
+    fused_activation: FusedActivation = None,
+    fused_cross_entropy: FusedCrossEntropy = None,
     offload_optimizer: OffloadOptimizer = False,
     offload_activations: OffloadActivations = 0.0,
-    optimizer_moments: OptimizerMoments = "fp32",
-    main_grads: MainGrads = "fp32",
-    overlap_grad_reduce: OverlapGradReduce = True,
+    optimizer_moments: OptimizerMoments = None,
+    main_grads: MainGrads = None,
+    overlap_grad_reduce: OverlapGradReduce = None,
     simulate: Annotated[bool, typer.Option(help="use the discrete-event simulator for the numbers")] = False,
     schedule: Annotated[
         str | None, typer.Option(help="pipeline schedule: gpipe | 1f1b | interleaved | zb-h1 | dualpipe")
@@ -227,6 +260,8 @@ def estimate(
             trace=trace,
             straggler_fraction=straggler_fraction,
             straggler_slowdown=straggler_slowdown,
+            stack=stack,
+            power_limit_w=power_limit,
             dp=dp,
             **_plan_options(locals(), dp),
         )
@@ -251,16 +286,18 @@ def plan(
     global_batch: Annotated[int, typer.Option(help="sequences per optimizer step")] = 256,
     video: Annotated[str | None, typer.Option(help="video DiT clip FRAMESxHEIGHTxWIDTH")] = None,
     precision: Annotated[str, typer.Option(help="bf16 | fp8")] = "bf16",
-    fp8_recipe: Annotated[str, typer.Option(help="tensorwise | delayed | blockwise | mxfp8")] = "tensorwise",
+    fp8_recipe: Fp8Recipe = None,
+    stack: Stack = None,
+    power_limit: PowerLimit = None,
     objective: Annotated[str, typer.Option(help="throughput | memory | cost")] = "throughput",
     top: Annotated[int, typer.Option(help="plans to show")] = 10,
     tokens: Annotated[str | None, typer.Option(help="token budget to train, e.g. 15T")] = None,
     price_per_gpu_hour: Annotated[float | None, typer.Option(help="price of one GPU-hour")] = None,
     export: Annotated[str | None, typer.Option(help="write the best plan as torchtitan | megatron | deepspeed")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="file for --export (default: stdout)")] = None,
-    cuda_graphs: CudaGraphs = "",
-    fused_activation: FusedActivation = False,
-    fused_cross_entropy: FusedCrossEntropy = False,
+    cuda_graphs: CudaGraphs = None,
+    fused_activation: FusedActivation = None,
+    fused_cross_entropy: FusedCrossEntropy = None,
     ep_dispatch: EpDispatchChoice = "auto",
     ep_comm_overlap: EpCommOverlapChoice = None,
     workers: Workers = 0,
@@ -295,6 +332,8 @@ def plan(
             ep_dispatch=ep_dispatch,
             ep_comm_overlap=ep_comm_overlap,
             fp8_recipe=fp8_recipe,
+            stack=stack,
+            power_limit=power_limit,
         )
     except ShardscopeError as exc:
         _fail(str(exc))
@@ -314,6 +353,8 @@ def budget(
     gpus: Gpus = 8,
     gpus_per_node: GpusPerNode = None,
     cluster: ClusterFile = None,
+    stack: Stack = None,
+    power_limit: PowerLimit = None,
     tp: Tp = 1,
     pp: Pp = 1,
     vpp: Vpp = 1,
@@ -321,22 +362,24 @@ def budget(
     cp: Cp = 1,
     cp_kind: CpKind = "ring",
     sequence_parallel: SequenceParallel = True,
-    zero: Zero = 0,
-    fsdp: Fsdp = False,
+    zero: Zero = None,
+    fsdp: Fsdp = None,
     shard_group: ShardGroup = 0,
-    reshard: Reshard = True,
+    reshard: Reshard = None,
     recompute: Annotated[str, typer.Option(help="recompute policy of the plan (fsdp-unshard)")] = "none",
     recompute_layers: RecomputeLayers = 0,
     recompute_modules: RecomputeModules = None,
-    micro_batch: MicroBatch = 1,
+    micro_batch: MicroBatchOpt = None,
     global_batch: GlobalBatch = None,
     seq_len: SeqLen = 4096,
     video: Video = None,
     precision: Precision = "bf16",
-    fp8_recipe: Fp8Recipe = "tensorwise",
+    fp8_recipe: Fp8Recipe = None,
     fp8_all_gather: Fp8AllGather = False,
-    attention_kernel: AttentionKernel = "auto",
-    tp_comm_overlap: TpCommOverlap = False,
+    attention_kernel: AttentionKernel = None,
+    tp_comm_overlap: TpCommOverlap = None,
+    async_tp: AsyncTp = False,
+    compile: Compile = None,
     ep: Ep = 1,
     etp: Etp = 1,
     moe_skew: MoeSkew = 0.0,
@@ -347,17 +390,17 @@ def budget(
     deepep_fused_routing_map: DeepepFusedRoutingMap = False,
     fused_expert_mlp: FusedExpertMlp = False,
     mtp: Mtp = False,
-    ep_comm_overlap: EpCommOverlap = False,
-    ep_dispatch: EpDispatch = "flat",
-    fsdp_prefetch: FsdpPrefetch = 1,
-    cuda_graphs: CudaGraphs = "",
-    fused_activation: FusedActivation = False,
-    fused_cross_entropy: FusedCrossEntropy = False,
+    ep_comm_overlap: EpCommOverlap = None,
+    ep_dispatch: EpDispatch = None,
+    fsdp_prefetch: FsdpPrefetch = None,
+    cuda_graphs: CudaGraphs = None,
+    fused_activation: FusedActivation = None,
+    fused_cross_entropy: FusedCrossEntropy = None,
     offload_optimizer: OffloadOptimizer = False,
     offload_activations: OffloadActivations = 0.0,
-    optimizer_moments: OptimizerMoments = "fp32",
-    main_grads: MainGrads = "fp32",
-    overlap_grad_reduce: OverlapGradReduce = True,
+    optimizer_moments: OptimizerMoments = None,
+    main_grads: MainGrads = None,
+    overlap_grad_reduce: OverlapGradReduce = None,
     as_json: AsJson = False,
 ) -> None:
     """Fit a memory budget with finer knobs: Megatron recompute modules, per-layer selective
@@ -375,8 +418,9 @@ def budget(
         if budget_gib <= 0:
             raise ShardscopeError(f"--budget-gib must be positive, got {budget_gib}")
         spec, cl, p = setup(
-            model, gpu, gpus, gpus_per_node=gpus_per_node, cluster_file=cluster, video=video, **_plan_options(locals())
-        )
+            model, gpu, gpus, gpus_per_node=gpus_per_node, cluster_file=cluster, video=video, stack=stack,
+            power_limit_w=power_limit, **_plan_options(locals()),
+        )  # fmt: skip
         result = planners[knob](spec, cl, p, budget_gib)
     except ShardscopeError as exc:
         _fail(str(exc))
@@ -403,11 +447,13 @@ def report(
     global_batch: Annotated[int, typer.Option(help="sequences per optimizer step")] = 256,
     video: Video = None,
     precision: Annotated[str, typer.Option(help="bf16 | fp8")] = "bf16",
-    fp8_recipe: Fp8Recipe = "tensorwise",
+    fp8_recipe: Fp8Recipe = None,
+    stack: Stack = None,
+    power_limit: PowerLimit = None,
     objective: Annotated[str, typer.Option(help="throughput | memory | cost")] = "throughput",
-    cuda_graphs: CudaGraphs = "",
-    fused_activation: FusedActivation = False,
-    fused_cross_entropy: FusedCrossEntropy = False,
+    cuda_graphs: CudaGraphs = None,
+    fused_activation: FusedActivation = None,
+    fused_cross_entropy: FusedCrossEntropy = None,
     ep_dispatch: EpDispatchChoice = "auto",
     ep_comm_overlap: EpCommOverlapChoice = None,
     workers: Workers = 0,
@@ -449,6 +495,27 @@ def gpus() -> None:
     from shardscope.report.console import print_gpus
 
     print_gpus()
+
+
+@app.command()
+def stacks(
+    name: Annotated[str | None, typer.Argument(help="a stack NAME[@RELEASE] to show in full, with sources")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """List the software stacks and what each sets (default: megatron)."""
+    from shardscope.stacks import list_stacks, load_stack
+
+    try:
+        chosen = [load_stack(name)] if name else list_stacks()
+    except ShardscopeError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        sys.stdout.write(json.dumps([s.to_dict() for s in chosen], indent=2) + "\n")
+        return
+    from shardscope.report.console import print_stacks
+
+    print_stacks(chosen, sources=name is not None)
 
 
 @app.command()

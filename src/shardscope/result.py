@@ -68,6 +68,7 @@ class Estimate:
     memory: MemoryBreakdown
     time: TimeBreakdown
     warnings: tuple[str, ...] = ()
+    stack: str = ""  # the software stack the plan's kernels and overlaps come from (NAME@RELEASE)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

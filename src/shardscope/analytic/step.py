@@ -523,10 +523,16 @@ class RankMemory:
     buffers: float  # transient buffers incl. one layer's backward working set
     inflight: int
     workspace: float = 0.0  # the backward working set inside `buffers` (alive only during a backward)
+    # grads freed after each step and one micro-batch per step: backward frees a layer's activations as
+    # it makes its grads, so the peak holds the larger of the two (both grow linearly over the layers)
+    grads_replace_activations: bool = False
 
     @property
     def allocated(self) -> float:
-        return self.state.params + self.state.grads + self.state.optimizer + self.activations + self.buffers
+        st = self.state
+        if self.grads_replace_activations:
+            return st.params + st.optimizer + max(st.grads, self.activations) + self.buffers
+        return st.params + st.grads + st.optimizer + self.activations + self.buffers
 
     @property
     def overhead(self) -> float:
@@ -547,7 +553,8 @@ def rank_memory(
     not depend on optimizer offload)."""
     state, buffers = fixed or fixed_rank_memory(model, plan, graph, arch, rank)
     act, workspace, inflight = activations or activation_bytes(model, plan, graph, rank)
-    return RankMemory(rank, state, act, buffers + workspace, inflight, workspace)
+    freed = not plan.persistent_grads and plan.grad_accum == 1
+    return RankMemory(rank, state, act, buffers + workspace, inflight, workspace, freed)
 
 
 def fixed_rank_memory(

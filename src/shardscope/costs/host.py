@@ -88,7 +88,7 @@ PARAM_BWD_S = 12.7e-6
 # experts' tensors in bulk since PR #1934 (July 2025), so per expert these calls overstate it; yet the
 # DeepSeek-V3 GB200 guide's Nsight view of eager MXFP8 routed experts shows 2.7-3.3 ms of host time
 # where this module's total is 1.1 ms, so the missing host time is elsewhere and larger.
-QUANT_ALLOCS = {"tensorwise": 2, "delayed": 2, "blockwise": 4, "mxfp8": 4}
+QUANT_ALLOCS = {"tensorwise": 2, "rowwise": 2, "delayed": 2, "blockwise": 4, "mxfp8": 4}
 # Host time of a DeepEP/HybridEP dispatch call once the token counts are known (its Python set-up,
 # buffer allocations and the dispatch + permute launches), before its first kernel runs. Measured: the
 # NVTX ranges of Megatron-Bridge's Qwen3-30B-A3B Nsight A/B on H100 (skills/nemo-mbridge-perf-moe-comm-

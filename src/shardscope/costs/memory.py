@@ -252,7 +252,7 @@ def buffer_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int, ar
         # Loss backward: fp32 gradient of the logits and its bf16 cast for the output GEMM (a fused kernel
         # writes the bf16 gradient directly).
         logits = graph.tokens * model.vocab / plan.tp
-        buf += (BF16 if plan.fused_cross_entropy else FP32 + BF16) * logits
+        buf += (BF16 if plan.fused_loss else FP32 + BF16) * logits
     if plan.pp > 1:
         buf += 2 * 2 * graph.boundary_bytes  # send/recv buffers, forward and backward
     return buf

@@ -168,7 +168,7 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
             saved += qk_saved
         if model.position == "rope":
             qk = BF16 * t * (q_w + k_w)
-            fused = Op("rope", "memory", bytes=2 * qk, bwd_bytes=2 * qk, cheap=True)
+            fused = Op("rope", "memory", bytes=2 * qk, bwd_bytes=2 * qk, cheap=True, role="rope")
             ops.append(_unfused_rope(t, plan, q_w + k_w, hd) if model.rope_type == "yarn" else fused)
         fp8_inputs = t * (h + q_w)
         fp8_grads = t * (q_w + k_w + v_w + h)

@@ -20,6 +20,7 @@ from shardscope.costs.routing import RoutingLoad, routing_load
 from shardscope.graph.attention import attention_group
 from shardscope.graph.common import ALL, BF16, FP32, NOT_FULL, OpGroup, Shapes, gemm, norm, scoped
 from shardscope.graph.dit import dit_block_group, dit_embedding_group, dit_head_group
+from shardscope.graph.eager import as_the_stack_runs
 from shardscope.graph.fp8 import quantization_bytes
 from shardscope.graph.mlp import dense_mlp_group, moe_group
 from shardscope.graph.ops import Collective, Op, Saved
@@ -59,6 +60,7 @@ def layer_group(
         mlp, mi, mg = moe_group(model, plan, load) if kind.mlp == "moe" else dense_mlp_group(model, plan)
         attn = replace(attn, ops=tuple(scoped(attn.ops, "attn")))
         group = replace(attn + mlp, attn_ops=len(attn.ops))
+    group = as_the_stack_runs(group, plan, model.norm == "rmsnorm")
     if plan.precision == "fp8":
         fwd_b, bwd_b = quantization_bytes(plan, arch, ai + mi, ag + mg)
         # its kernels are launched per GEMM call (costs.host counts them there)
@@ -95,7 +97,7 @@ def head_group(model: ModelSpec, plan: Plan) -> OpGroup:
         # (fp32 read + write) and the cast of the gradient back to bf16. Fused: read the bf16 logits once
         # forward; backward reads them and writes the bf16 gradient.
         Op("cross-entropy", "memory", bytes=BF16 * logits, bwd_bytes=2 * BF16 * logits)
-        if plan.fused_cross_entropy
+        if plan.fused_loss
         else Op("cross-entropy", "memory", bytes=(BF16 + 2 * FP32) * logits, bwd_bytes=(3 * FP32 + BF16) * logits),
     ]
     saved = [
@@ -104,7 +106,7 @@ def head_group(model: ModelSpec, plan: Plan) -> OpGroup:
         Saved("output proj input", BF16 * t_sp * model.hidden, ALL),
         *(
             [Saved("bf16 logits", BF16 * logits, ALL), Saved("log-sum-exp", FP32 * t, ALL)]
-            if plan.fused_cross_entropy
+            if plan.fused_loss
             else [Saved("fp32 logits (softmax)", FP32 * logits, ALL)]
         ),
     ]
@@ -172,6 +174,9 @@ GRAPH_FIELDS = (
     "fused_activation",
     "moe_router_padding",
     "fused_cross_entropy",
+    "eager_elementwise",
+    "compile",
+    "linear_impl",
 )
 _GRAPH_CACHE: dict[tuple, StageGraph] = {}
 _graph_fields = attrgetter(*GRAPH_FIELDS)
@@ -193,11 +198,12 @@ def _build_stage_graph(model: ModelSpec, plan: Plan, arch: str) -> StageGraph:
     kinds = model.layer_kinds()
     blocks = kinds + ((model.mtp_kind,) if model.mtp_layers else ())  # an MTP module adds a block of its kind
     layers = {k: layer_group(model, plan, arch, k, routing.hot_rank_factor) for k in dict.fromkeys(blocks)}
+    rms = model.norm == "rmsnorm"
     return StageGraph(
         layers=layers,
         kinds=kinds,
         embedding=dit_embedding_group(model, plan) if model.dit else embedding_group(model, plan),
-        head=dit_head_group(model, plan) if model.dit else head_group(model, plan),
+        head=dit_head_group(model, plan) if model.dit else as_the_stack_runs(head_group(model, plan), plan, rms),
         mtp=mtp_group(model, plan),
         tokens=sh.t,
         boundary_bytes=BF16 * sh.t_sp * model.hidden,

@@ -96,7 +96,10 @@ def norm(name: str, model: ModelSpec, tokens: float, width: int | None = None) -
     (Transformer Engine `rmsnorm_bwd_finalize_*_kernel` / `ln_bwd_finalize_*_kernel`)."""
     w = width or model.hidden
     stats = FP32 * (2 if model.norm == "layernorm" else 1)
-    op = Op(name, "memory", bytes=2 * BF16 * tokens * w, bwd_bytes=3 * BF16 * tokens * w, cheap=True, bwd_launches=2)
+    op = Op(
+        name, "memory", bytes=2 * BF16 * tokens * w, bwd_bytes=3 * BF16 * tokens * w, cheap=True, bwd_launches=2,
+        role="norm",
+    )  # fmt: skip
     return op, Saved(f"{name} stats", stats * tokens, NONE_ONLY)
 
 
@@ -112,7 +115,10 @@ def qk_norm(
     across = model.qk_norm_across_heads
     gathered = plan.tp if across else 1
     elems = sum(r * h * hd for r, h in zip(rows, heads, strict=True))
-    op = Op(name, "memory", bytes=2 * BF16 * elems * gathered, bwd_bytes=3 * BF16 * elems * gathered, cheap=True)
+    op = Op(
+        name, "memory", bytes=2 * BF16 * elems * gathered, bwd_bytes=3 * BF16 * elems * gathered, cheap=True,
+        role="norm",
+    )  # fmt: skip
     stats = FP32 * sum(r * (1 if across else h) for r, h in zip(rows, heads, strict=True))
     saved = [Saved(f"{name} input", BF16 * elems * gathered, NONE_ONLY), Saved(f"{name} stats", stats, NONE_ONLY)]
     comms = [

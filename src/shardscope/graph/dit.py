@@ -121,7 +121,7 @@ def dit_block_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
     mlp, mi, mg = dense_mlp_group(model, plan)
     t_sp = Shapes.of(plan).t_sp
     block = attn + cross + mlp + _modulation(model, t_sp, 2)
-    if not plan.fused_activation:
+    if not plan.fused_swiglu:
         block = _diffusers_wan(block, t_sp * model.hidden)
     return block, ai + ci + mi, ag + cg + mg
 

@@ -5,6 +5,8 @@ wgrad); the output layer, embedding and attention stay in BF16 (Megatron-Core an
 
 Quantization traffic per element, in bytes (read + write), from what the kernels do:
   tensorwise (current scaling): an amax pass (read 2) then the cast (read 2, write 1)        = 5
+  rowwise (torchao): the same per row; backward quantizes the high-precision input again along the
+  other axis (amax and cast, 5) instead of transposing an FP8 copy                              = 5
   delayed scaling: amax fused into the cast with last steps' scale (read 2, write 1)         = 3
   blockwise (Hopper 1x128 / 128x128) and MXFP8 (Blackwell, 1x32): one pass that writes the
   row-wise and column-wise FP8 copies with their scales (read 2, write 2)                      = 4
@@ -16,12 +18,12 @@ from __future__ import annotations
 
 from shardscope.plan.plan import Plan
 
-RECIPES = ("tensorwise", "delayed", "blockwise", "mxfp8")
-CAST_BYTES = {"tensorwise": 5.0, "delayed": 3.0, "blockwise": 4.0, "mxfp8": 4.0}
+RECIPES = ("tensorwise", "rowwise", "delayed", "blockwise", "mxfp8")
+CAST_BYTES = {"tensorwise": 5.0, "rowwise": 5.0, "delayed": 3.0, "blockwise": 4.0, "mxfp8": 4.0}
 TRANSPOSE_BYTES = 2.0
 # Kernels that quantize one GEMM operand: current ("tensorwise") scaling zeroes the amax, reduces it,
 # computes the scale and casts; the other recipes cast in one kernel (Transformer Engine 2.9).
-QUANT_KERNELS = {"tensorwise": 4, "delayed": 1, "blockwise": 1, "mxfp8": 1}
+QUANT_KERNELS = {"tensorwise": 4, "rowwise": 4, "delayed": 1, "blockwise": 1, "mxfp8": 1}
 
 
 def needs_transpose(plan: Plan, arch: str) -> bool:
@@ -33,6 +35,8 @@ def quantization_bytes(plan: Plan, arch: str, input_elems: float, grad_elems: fl
     cast = CAST_BYTES[plan.fp8_recipe]
     fwd = cast * input_elems
     bwd = cast * grad_elems + (TRANSPOSE_BYTES * input_elems if needs_transpose(plan, arch) else 0.0)
+    if plan.fp8_recipe == "rowwise":
+        bwd += cast * input_elems
     return fwd, bwd
 
 
@@ -41,4 +45,6 @@ def weight_copy_bytes_per_param(plan: Plan, arch: str) -> float:
     per-tensor) or its column-wise copy (block/MX scaling, which also stores one scale per block)."""
     if plan.fp8_recipe in ("blockwise", "mxfp8"):
         return 2.0 + 2.0 / 32
+    if plan.fp8_recipe == "rowwise":
+        return 2.0
     return 2.0 if needs_transpose(plan, arch) else 1.0

@@ -141,7 +141,7 @@ def dense_mlp_group(model: ModelSpec, plan: Plan) -> tuple[OpGroup, float, float
         *tagged([Saved("mlp norm out (mlp input)", sh.gemm_in * t_sp * h, NONE_ONLY)], "layernorm"),
     ]
     f_ops, f_saved, fi, fg = _ffn(
-        model, "", t, model.ffn_hidden // plan.tp, sh.fp8, sh.gemm_in, fused=plan.fused_activation
+        model, "", t, model.ffn_hidden // plan.tp, sh.fp8, sh.gemm_in, fused=plan.fused_swiglu
     )
     ops += f_ops + [residual("mlp residual add", model, t_sp)]
     saved += f_saved + [Saved("down proj out", BF16 * t_sp * h, SELECTIVE_ONLY)]
@@ -210,7 +210,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
             sh.fp8,
             sh.gemm_in,
             modules=("moe", "shared_experts"),
-            fused=plan.fused_activation,
+            fused=plan.fused_swiglu,
         )
         ops += scoped(s_ops, "moe" if plan.ep_comm_overlap else "moe_router")
         saved += s_saved
@@ -356,7 +356,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
         local_experts,
         modules=(),
         act_module="moe_act",
-        fused=plan.fused_activation,
+        fused=plan.fused_swiglu,
         fused_mlp=plan.fused_expert_mlp,
     )
     # Counts not aligned to the FP8 GEMM's rows (TE `get_align_size_for_quantization`: 32 for MXFP8, else
@@ -407,7 +407,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
         )
     if te_pads:
         ops.append(Op("experts fp8 unpad", "memory", bytes=pad, bwd_bytes=pad))
-    if plan.fused_activation:  # Megatron-Core weights each row inside the activation (it keeps the weights)
+    if plan.fused_swiglu:  # Megatron-Core weights each row inside the activation (it keeps the weights)
         saved.append(Saved("expert routing weights", FP32 * routed, NOT_FULL))
     else:  # the weighted sum after the un-permute keeps the expert outputs for the weights' gradient
         saved.append(Saved("expert outputs", BF16 * routed * h, NOT_FULL))
@@ -427,7 +427,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     if plan.ep > 1:
         comms += [a2a("combine", "fwd", "bwd_attn", combined_after), a2a("combine", "bwd", "fwd_attn")]
     # backward scatters the output gradient to the rows; unfused, it also reads the expert outputs
-    unpermute_bwd = (1 if plan.fused_activation else 2) * perm + BF16 * tm * h
+    unpermute_bwd = (1 if plan.fused_swiglu else 2) * perm + BF16 * tm * h
     combine_call = "a2a_combine" if a2a_calls else ""
     ops.append(Op(unpermute, "memory", bytes=perm + BF16 * tm * h, bwd_bytes=unpermute_bwd, call=combine_call))
     ops[moe_start[0] :] = tagged(ops[moe_start[0] :], "moe")

@@ -57,6 +57,7 @@ class Op:
     sinks: bool = False  # attention: a learned sink logit per head (its gradient costs the backward a pass)
     aten: bool = False  # memory: eager PyTorch kernels over strided, broadcast or mixed-precision operands
     call: str = ""  # a framework call whose measured host time replaces its launches' (costs.host.CALLS)
+    role: str = ""  # "norm" / "rope": an elementwise region a stack may run fused or as eager ATen ops
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ class GPU:
     fp8_matmul_sustained_fraction: float | None = None
     attention_fwd_scale: float = 1.0  # flash-attention forward speed over its architecture's figures
     pcie_gbps: float = 25.0  # host link per GPU per direction (achieved)
+    tdp_w: float | None = None  # board power limit the sustained fractions were measured at
     host_memory_gib: float = 1024.0  # per node
     host_memory_gbps: float = 400.0  # per node
     aliases: tuple[str, ...] = ()
@@ -103,15 +104,39 @@ def load_gpu(name: str) -> GPU:
     raise unknown_name("GPU", name, list(_gpu_table()))
 
 
+def power_capped(gpu: GPU, watts: float) -> GPU:
+    """`gpu` under a board power cap of `watts` below its TDP: GPU Boost lowers the SM clock until the
+    board draws no more. Dynamic power goes as f·V² with the voltage following the clock, so a dense GEMM's
+    clock, and every compute-bound kernel's speed, scales as (cap / TDP)^(1/3); HBM bandwidth does not
+    change (its clock is separate). Check: the H100 NVL's datasheet (same 132-SM GH100, 400 W) gives 835 of
+    the SXM's 989 dense BF16 TFLOPS (0.84); the cube root of 400/700 is 0.83."""
+    if watts <= 0:
+        raise ShardscopeError(f"--power-limit must be positive watts, got {watts:g}")
+    if gpu.tdp_w is None:
+        raise ShardscopeError(f"--power-limit needs the GPU's TDP, which the catalog lacks for {gpu.name}")
+    ratio = min(1.0, (watts / gpu.tdp_w) ** (1 / 3))
+    fp8 = gpu.fp8_matmul_sustained_fraction
+    return replace(
+        gpu,
+        matmul_sustained_fraction=gpu.matmul_sustained_fraction * ratio,
+        fp8_matmul_sustained_fraction=fp8 * ratio if fp8 else fp8,
+        notes=f"{gpu.notes} Power-capped at {watts:g} W (compute clocks x{ratio:.3f}).".strip(),
+    )
+
+
 def make_cluster(
     gpu: GPU | str,
     gpus: int,
     gpus_per_node: int | None = None,
     scaleout_gbps: float | None = None,
+    power_limit_w: float | None = None,
 ) -> Cluster:
-    """A homogeneous cluster of `gpus` GPUs, with the GPU's default node and network unless overridden."""
+    """A homogeneous cluster of `gpus` GPUs, with the GPU's default node and network unless overridden;
+    `power_limit_w` caps each GPU's board power (`power_capped`)."""
     if isinstance(gpu, str):
         gpu = load_gpu(gpu)
+    if power_limit_w is not None:
+        gpu = power_capped(gpu, power_limit_w)
     if gpus <= 0:
         raise ShardscopeError(f"--gpus must be positive, got {gpus}")
     per_node = gpus_per_node or gpu.gpus_per_node

@@ -17,7 +17,9 @@ from shardscope.plan.layout import read_pp_layout
 
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
-Fp8Recipe = Literal["tensorwise", "delayed", "blockwise", "mxfp8"]
+Fp8Recipe = Literal["tensorwise", "rowwise", "delayed", "blockwise", "mxfp8"]
+FP8_RECIPES: tuple[str, ...] = ("tensorwise", "rowwise", "delayed", "blockwise", "mxfp8")
+LINEAR_IMPLS: tuple[str, ...] = ("te", "torch")
 AttentionKernel = Literal["auto", "fa2", "fa3", "cudnn", "unfused"]
 RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
 # Megatron-Core CUDA-graph capture (`--cuda-graph-modules`, per layer) or the whole step (`full_iteration`)
@@ -106,10 +108,35 @@ class Plan:
     # Megatron's `--cross-entropy-loss-fusion`) takes the softmax of the bf16 logits in registers: it keeps
     # the bf16 logits and the fp32 log-sum-exp, no fp32 copy, and writes a bf16 gradient
     fused_cross_entropy: bool = False
+    # PyTorch-native model code (torchtitan, Hugging Face): norms and RoPE as eager ATen op chains
+    # (graph.eager); `compile` (per-block torch.compile) fuses them, and the SwiGLU, into Triton kernels
+    eager_elementwise: bool = False
+    compile: bool = False
+    linear_impl: Literal["te", "torch"] = "te"  # GEMMs through Transformer Engine modules or plain nn.Linear
+    # the gradient buffer lives through the step (Megatron's contiguous `main_grad` buffer, DeepSpeed's
+    # partitions); False: PyTorch's `zero_grad(set_to_none=True)` frees the grads after each step, so
+    # without accumulation they grow in backward only as the activations are freed
+    persistent_grads: bool = True
 
     def __post_init__(self) -> None:
         if type(self.cuda_graphs) is not tuple:  # "attn,moe_router" or a list: checked, as make_plan does
             object.__setattr__(self, "cuda_graphs", cuda_graph_scopes(self.cuda_graphs))
+
+    @property
+    def eager_chains(self) -> bool:
+        """Norms and RoPE run as eager ATen op chains (not fused by a kernel library or torch.compile)."""
+        return self.eager_elementwise and not self.compile
+
+    @property
+    def fused_swiglu(self) -> bool:
+        """The SwiGLU keeps only its input: Megatron-Core's fused kernel, or torch.compile's partitioner."""
+        return self.fused_activation or self.compile
+
+    @property
+    def fused_loss(self) -> bool:
+        """The loss keeps no fp32 copy of the logits: a fused cross-entropy kernel, or the loss compiled
+        with the model (torchtitan compiles both)."""
+        return self.fused_cross_entropy or self.compile
 
     @property
     def mtp_chunk_index(self) -> int:
@@ -288,8 +315,8 @@ def check_precision(precision: str, fp8_recipe: str, gpu: GPU) -> None:
     """`--precision` and `--fp8-recipe` name a known format that `gpu`'s tensor cores run."""
     if precision not in ("bf16", "fp16", "fp8"):
         raise ShardscopeError(f"--precision must be bf16, fp16 or fp8, got {precision!r}")
-    if fp8_recipe not in ("tensorwise", "delayed", "blockwise", "mxfp8"):
-        raise ShardscopeError(f"--fp8-recipe must be tensorwise, delayed, blockwise or mxfp8, got {fp8_recipe!r}")
+    if fp8_recipe not in FP8_RECIPES:
+        raise ShardscopeError(f"--fp8-recipe must be one of {', '.join(FP8_RECIPES)}, got {fp8_recipe!r}")
     if precision == "fp8":
         gpu.peak_tflops("fp8")  # raises for GPUs without FP8 tensor cores
         if fp8_recipe == "mxfp8" and gpu.arch != "blackwell":
@@ -414,6 +441,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         raise ShardscopeError(f"--optimizer-moments must be fp32, bf16 or fp8, got {plan.optimizer_moments!r}")
     if plan.main_grads not in MAIN_GRAD_BYTES:
         raise ShardscopeError(f"--main-grads must be fp32 or bf16, got {plan.main_grads!r}")
+    if plan.linear_impl not in LINEAR_IMPLS:
+        raise ShardscopeError(f"linear_impl must be one of {', '.join(LINEAR_IMPLS)}, got {plan.linear_impl!r}")
     if plan.fsdp and plan.zero not in (0, 3):
         raise ShardscopeError("--fsdp already means fully sharded; do not combine it with --zero 1/2")
     return plan

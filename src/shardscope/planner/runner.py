@@ -46,7 +46,7 @@ def candidate_json(c: Candidate, tokens: float | None = None, price: float | Non
 # The options of `plan` and `report` that `search_setup` takes
 SEARCH_OPTIONS = (
     "model", "gpu", "gpus", "gpus_per_node", "seq_len", "video", "precision", "fp8_recipe", "cuda_graphs",
-    "fused_activation", "fused_cross_entropy", "ep_dispatch", "ep_comm_overlap",
+    "fused_activation", "fused_cross_entropy", "ep_dispatch", "ep_comm_overlap", "stack", "power_limit",
 )  # fmt: skip
 
 
@@ -59,18 +59,33 @@ def search_setup(
     seq_len: int,
     video: str | None,
     precision: str,
-    fp8_recipe: str,
-    cuda_graphs: str,
-    fused_activation: bool,
-    fused_cross_entropy: bool,
+    fp8_recipe: str | None,
+    cuda_graphs: str | None,
+    fused_activation: bool | None,
+    fused_cross_entropy: bool | None,
     ep_dispatch: str,
     ep_comm_overlap: bool | None,
+    stack: str | None = None,
+    power_limit: float | None = None,
 ) -> tuple[ModelSpec, Cluster, int, SearchSpace]:
-    """The model, cluster, sequence length (a video clip's tokens) and search space of `plan`/`report`."""
+    """The model, cluster, sequence length (a video clip's tokens) and search space of `plan`/`report`:
+    every plan runs the stack's kernels, fusions and overlaps; options given (not None) override them."""
     from shardscope import video_seq_len
+    from shardscope.stacks import load_stack
 
+    st = load_stack(stack or "")
+    kernels = st.plan_defaults()
+    fp8_recipe = fp8_recipe if fp8_recipe is not None else kernels.pop("fp8_recipe", "tensorwise")
+    cuda_graphs = cuda_graphs if cuda_graphs is not None else kernels.pop("cuda_graphs", "")
+    if fused_activation is None:
+        fused_activation = kernels.pop("fused_activation", False)
+    if fused_cross_entropy is None:
+        fused_cross_entropy = kernels.pop("fused_cross_entropy", False)
+    for decided in ("fp8_recipe", "cuda_graphs", "fused_activation", "fused_cross_entropy", "micro_batch",
+                    "ep_dispatch", "ep_comm_overlap"):  # fmt: skip
+        kernels.pop(decided, None)  # set above, or searched
     spec = load_model(model)
-    cluster = make_cluster(gpu, gpus, gpus_per_node)
+    cluster = make_cluster(gpu, gpus, gpus_per_node, power_limit_w=power_limit)
     if video:
         seq_len = video_seq_len(spec, video)
     if precision not in ("bf16", "fp8"):
@@ -82,6 +97,7 @@ def search_setup(
         fused_cross_entropy=fused_cross_entropy,
         precision=precision,
         fp8_recipe=fp8_recipe,
+        kernels=tuple(sorted(kernels.items())),
         **moe_choices(ep_dispatch, ep_comm_overlap),
     )
     return spec, cluster, seq_len, space
@@ -106,12 +122,14 @@ def run_plan_command(
     workers: int,
     executor: str,
     as_json: bool,
-    cuda_graphs: str = "",
-    fused_activation: bool = False,
-    fused_cross_entropy: bool = False,
+    cuda_graphs: str | None = None,
+    fused_activation: bool | None = None,
+    fused_cross_entropy: bool | None = None,
     ep_dispatch: str = "auto",
     ep_comm_overlap: bool | None = None,
-    fp8_recipe: str = "tensorwise",
+    fp8_recipe: str | None = None,
+    stack: str | None = None,
+    power_limit: float | None = None,
 ) -> SearchResult:
     spec, cluster, seq_len, space = search_setup(**{k: v for k, v in locals().items() if k in SEARCH_OPTIONS})
     if export is not None and export not in FORMATS:

@@ -54,6 +54,8 @@ class SearchSpace:
     fused_cross_entropy: bool = False  # every plan runs a fused cross-entropy kernel
     precision: str = "bf16"  # every plan's GEMM precision: recompute, fit and dispatcher are chosen under it
     fp8_recipe: str = "tensorwise"
+    # the stack's kernel settings every plan runs with (Plan fields: attention kernel, eager chains, ...)
+    kernels: tuple[tuple[str, object], ...] = ()
     # MoE plans with EP > 1 try each dispatcher and overlap setting and keep the fastest. HybridEP is
     # priced as DeepEP plus its routing-map all-gather, so it is searched only when asked for, or where
     # DeepEP runs past its NVLink peers (an NVL72 domain: `search.moe_variants` puts it in DeepEP's place).
@@ -134,6 +136,7 @@ def structures(
                                 if sharding != "ddp" and dp * cp == 1:
                                     continue
                                 yield dict(
+                                    space.kernels,
                                     tp=tp,
                                     cp=cp,
                                     pp=pp,

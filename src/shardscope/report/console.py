@@ -231,3 +231,27 @@ def print_modules(result, console: Console | None = None) -> None:
         console.print(f"Megatron-LM: {flags}")
     else:
         console.print(f"fits {result.budget_gib:g} GiB without recompute ({best.required_gib:.1f} GiB)")
+
+
+def print_stacks(stacks: list, sources: bool = False) -> None:
+    """The stacks and their settings; with `sources`, each setting's source and the release it came in."""
+    from shardscope.stacks.registry import known_releases
+
+    out = Console()
+    for st in stacks:
+        table = Table(title=f"{st.label} — {st.title}", title_justify="left")
+        table.add_column("setting")
+        table.add_column("value")
+        if sources:
+            table.add_column("since")
+            table.add_column("source", overflow="fold")
+        for key, setting in st.settings.items():
+            value = "eager" if key == "cuda_graphs" and not setting.value else str(setting.value)
+            row = [key, value] + ([setting.since or "all", setting.source] if sources else [])
+            table.add_row(*row)
+        out.print(table)
+        releases = known_releases(st.name)
+        if releases:
+            out.print(f"  releases: {', '.join(releases)}")
+        for w in st.warnings:
+            out.print(f"  [yellow]warning:[/] {w}")

@@ -20,11 +20,9 @@ MFU rows divide by the source's stated peak; where a source gives none, the GPU'
 
 from __future__ import annotations
 
-import re
-
 from shardscope.models.spec import ModelSpec
 from shardscope.result import Estimate
-from shardscope.validate.rows import container_release
+from shardscope.stacks import Stack
 
 # Peaks the sources divide by (TFLOP/s): MosaicML states 989 (H100 BF16), 1979 (H100 FP8), 312 (A100);
 # Narayanan 2021 312; Llama 3 (PaLM MFU) the H100 BF16 989.
@@ -36,8 +34,9 @@ def _peak(gpu_name: str, precision: str, fallback: float) -> float:
     return SOURCE_PEAK_TFLOPS.get((family, precision or "bf16"), fallback)
 
 
-def flops_per_step(defn: str, model: ModelSpec, est: Estimate, notes: str, source: str) -> float | None:
-    """FLOPs of one optimizer step under the source's definition."""
+def flops_per_step(defn: str, model: ModelSpec, est: Estimate, stack: Stack) -> float | None:
+    """FLOPs of one optimizer step under the source's definition, as the stack's own FLOP counter applies
+    it (`flops_attention`, `flops_exact_glu_window`)."""
     s = est.plan["seq_len"]
     b = est.plan["global_batch"]
     tokens = b * s
@@ -45,8 +44,7 @@ def flops_per_step(defn: str, model: ModelSpec, est: Estimate, notes: str, sourc
     if defn == "megatron2021_eq3":
         return 96.0 * b * s * n_layers * h * h * (1 + s / (6 * h) + v / (16 * n_layers * h))
     if defn == "mosaic_6n_attn":
-        match = re.search(r"NumParams=(\d+)", notes)
-        n = int(match.group(1)) if match else model.params_total
+        n = model.params_total
         return b * (6.0 * n * s + 3.0 * n_layers * 2 * 2 * h * s * s)
     if defn == "palm":
         return tokens * (6.0 * model.params_total + 12.0 * n_layers * model.heads * model.head_dim * s)
@@ -56,24 +54,21 @@ def flops_per_step(defn: str, model: ModelSpec, est: Estimate, notes: str, sourc
         # FLOPs, which reproduces the DeepSeek-V3 rows' TFLOP/s-to-tokens/s ratios within 0.5%.
         return est.model_flops_per_step
     if defn == "megatron_bridge":
-        return tokens * megatron_bridge_flops_per_token(model, s, source, container_release(notes))
+        full = stack.value("flops_attention", "causal") == "full"
+        return tokens * megatron_bridge_flops_per_token(model, s, full, bool(stack.value("flops_exact_glu_window")))
     return None
 
 
-# The first container whose Megatron-Bridge counts every gated MLP at 3/2 and sliding windows exactly.
-MBRIDGE_EXACT_GLU_AND_WINDOW = (26, 6)
-
-
-def megatron_bridge_flops_per_token(model: ModelSpec, s: int, source: str, container: tuple[int, ...]) -> float:
-    """Megatron-Bridge's FLOPs per token of a non-MLA model (see the module docstring)."""
+def megatron_bridge_flops_per_token(model: ModelSpec, s: int, full_attention: bool, exact: bool) -> float:
+    """Megatron-Bridge's FLOPs per token of a non-MLA model (see the module docstring): `full_attention`
+    as NeMo 24.07 counted it, `exact` GLU and window counting from Megatron-Bridge v0.5.0."""
     h = model.hidden
-    exact = container >= MBRIDGE_EXACT_GLU_AND_WINDOW
     gated = model.mlp == "swiglu" and (exact or model.glu_gate == "silu")
     m = 1.5 if gated else 1.0
     q_ratio = model.q_dim / h
     total = 0.0
     for kind in model.layer_kinds():
-        if source == "NEMO_2407_PERF":
+        if full_attention:
             keys = float(s)
         elif exact and kind.attention == "window":
             w = model.attention_window + 1  # Megatron's window (w, 0) plus the query's own key
@@ -87,7 +82,9 @@ def megatron_bridge_flops_per_token(model: ModelSpec, s: int, source: str, conta
     return 12.0 * h * h * total + 6.0 * h * model.vocab
 
 
-def predicted_metric(metric: str, defn: str, model: ModelSpec, est: Estimate, row: dict[str, str]) -> float | None:
+def predicted_metric(
+    metric: str, defn: str, model: ModelSpec, est: Estimate, row: dict[str, str], stack: Stack
+) -> float | None:
     """The prediction expressed as the row's metric, or None when the metric is unknown."""
     if metric == "tokens_per_sec_per_gpu":
         return est.tokens_per_s_per_gpu
@@ -96,7 +93,7 @@ def predicted_metric(metric: str, defn: str, model: ModelSpec, est: Estimate, ro
     if metric == "peak_mem_gib":
         return est.memory.peak_gib
     if metric in ("tflops_per_gpu", "mfu"):
-        flops = flops_per_step(defn, model, est, row.get("notes", ""), row.get("source", ""))
+        flops = flops_per_step(defn, model, est, stack)
         if flops is None:  # "unknown": our own model FLOPs
             flops = est.model_flops_per_step
         tflops = flops / est.step_time_s / est.gpus / 1e12

@@ -1,74 +1,32 @@
-"""Turn a validation CSV row into (model, cluster, plan), with documented defaults for blank fields.
+"""Turn a validation CSV row into (model, cluster, plan) from what the run's user states: the layout
+columns, the `stack` (blank: the default stack) and the `flags` cell. Nothing else of the row is read
+(not its source, notes or id).
 
-Defaults for blank cells (the frameworks' own recipes, never tuned to a row):
-  micro_batch   1 (Megatron's default; Narayanan 2021 and Llama 3 do not state it).
+Blank cells:
+  global_batch  no accumulation: dp x micro-batch.
+  micro_batch   the stack's default, else 1.
   vpp           1 (no interleaving).
-  recompute     the least recompute that fits in memory (none, selective, full): the run did not run out
-                of memory, and recipes pick recompute that way. A recipe's recompute where the run kept
-                the recipe's layout; where it overrode the layout (`layout_differs`), the least recompute
-                from the recipe's up that fits.
-  zero_or_fsdp  blank: Megatron-Bridge/NeMo recipes use the distributed optimizer (ZeRO-1); Narayanan 2021
-                predates it (DDP). `ddp` in Megatron-Bridge tables (LLM and Wan DiT recipes, whose
-                `use_distributed_optimizer=True`) also runs the distributed optimizer.
-  activation    Megatron-Core rows (Megatron-Bridge, NeMo, Wan DiT) run the fused bias-activation its model
-                providers enable (`bias_activation_fusion`): the SwiGLU keeps only its input.
-  attention     flash-attention 2 for llm-foundry (MosaicML's benchmarks) and for NeMo AutoModel's Wan rows,
-                which run diffusers' default ("native") attention, torch SDPA: its fixed backend priority
-                puts FlashAttention-2 first and cuDNN last (aten sdp_utils.cpp `priority_order`;
-                transformers PR #48163 measures cuDNN 1.7-2.3x faster on H100 for training shapes);
-                cuDNN/FA3-class kernels for Megatron-Bridge/NeMo on Hopper; none (unfused softmax,
-                materialised scores) for Narayanan 2021, which predates FlashAttention; FA3-class on
-                Hopper otherwise.
-  causal skip   off for llm-foundry: its triton flash attention takes ALiBi and the causal mask as one
-                additive bias, so every block of the score matrix is computed.
-  TP overlap    on for Megatron-Bridge/NeMo perf recipes (they enable `tp_comm_overlap`), off otherwise.
-  MoE recipes   Megatron-Bridge MoE rows take recompute (Megatron's recompute modules), the all-to-all
-                overlap, the dispatcher and the pipeline layout from the
-                perf recipe that produced them (`megatron_bridge_recipes.yaml`, read from the repository at
-                the commit that published the row). NCCL `alltoall` sends a copy per token-expert pair
-                (flat); DeepEP / HybridEP send one copy per node. A Megatron row without a recipe gets
-                the flex dispatcher (DeepEP) and the overlap wherever Megatron-Core allows it. The
-                measured runs of `validation/published_moe_runs.csv` take the same settings as their
-                sources state them (`published_runs.yaml`, keyed by row id, each cited).
-  MTP           DeepSeek-V3 rows train the MTP module unless the table says "w/o MTP" (the recipe's
-                default; the rows' TFLOP/s-to-tokens/s ratios include its FLOPs), on the last stage.
-  PP layout     the recipe's Megatron pipeline layout where it sets one (DeepSeek-V3), else the even split.
-  CUDA graphs   the recipe's captured scopes for Megatron-Bridge MoE rows; eager (none) elsewhere, as the
-                other sources do not say.
-  MoE models    structure from the catalog config (MLA, shared experts, dense layers, windows), after
-                checking the row's columns agree with it.
+  zero_or_fsdp  the stack's sharding (`ddp` under a stack whose default is the distributed optimizer is
+                Megatron's DDP with it: ZeRO-1).
+  recompute     the least recompute that fits, from the flags' policy up (none, selective, full): the run
+                did not run out of memory, and recipes pick recompute that way.
+Recompute cells: `none`, `selective`, `full`, `WORD (any note)`, `selective(<modules>)`, `full(block,N)`.
+Models: a catalog config whose name matches the row's model (after checking the row's columns agree
+with it), else one built from the columns (dense or MoE), with a warning.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
-
-import yaml
+from dataclasses import dataclass, replace
 
 from shardscope.errors import ShardscopeError
-from shardscope.hardware.catalog import Cluster, load_gpu, make_cluster
-from shardscope.models.spec import GPT_BLOCK, ModelSpec
-from shardscope.plan.plan import Plan, Recompute, cuda_graph_scopes, make_plan
-
-MEGATRON_BRIDGE_SOURCES = {"MBRIDGE_PERF", "MBRIDGE_MOE_AB", "MBRIDGE_CARD", "MBRIDGE_CG_AB", "MBRIDGE_RECOMPUTE_AB"}
-MEGATRON_SOURCES = MEGATRON_BRIDGE_SOURCES | {"NEMO_2407_PERF", "MCORE_MOE_REPORT", "MCORE_DSV3_GB200_GUIDE"}
-# Megatron-Core runs of today (distributed optimizer, fused activations); Narayanan 2021 predates both.
-# The Wan table's NeMo AutoModel rows are not: diffusers' WanTransformer3DModel under PyTorch FSDP2.
-MEGATRON_CORE_SOURCES = MEGATRON_SOURCES | {"WAN_DIT_PERF"}
-# llm-foundry's MPT takes `loss_fn: fused_crossentropy` by default (flash-attn's xentropy kernel;
-# llmfoundry/models/mpt/modeling_mpt.py at 8c8dd48), and its benchmark configs keep the default.
-FUSED_CROSS_ENTROPY_SOURCES = {"MOSAICML_LLMFOUNDRY"}
-# Megatron-Bridge's GPT provider sets `cross_entropy_loss_fusion=True` (models/gpt_provider.py) and its
-# perf scripts `cross_entropy_fusion_impl="te"` (scripts/performance/utils/overrides.py, perf_recipes/
-# _common.py): Transformer Engine's Triton cross-entropy. Up to TE 2.16 it writes the logit gradient into
-# the bf16 logits in place (the fused accounting); TE 2.18 (PR #3193, 2026-07) keeps an fp32 gradient, as
-# many bytes as the unfused path. NeMo containers up to 26.06 ship TE <= 2.16, 26.08 TE 2.18
-# (Megatron-Bridge docs/releases/software-versions.md). Runs naming no container keep the fp32 accounting:
-# the Qwen3-30B A/B's measured rank-0 peak (62.2 GiB, July 2026) is 60.8 GiB with it, 57.4 without.
-LAST_CONTAINER_WITH_INPLACE_CROSS_ENTROPY = (26, 6)
+from shardscope.hardware.catalog import Cluster, make_cluster
+from shardscope.models.spec import GPT_BLOCK, ModelSpec, MoESpec
+from shardscope.plan.flags import parse_flags
+from shardscope.plan.plan import Plan, Recompute
+from shardscope.plan.resolve import stack_plan
+from shardscope.stacks import Stack, load_stack
 
 
 class SkipRow(Exception):
@@ -80,6 +38,8 @@ class RowCase:
     model: ModelSpec
     cluster: Cluster
     plan: Plan
+    stack: Stack
+    warnings: tuple[str, ...] = ()
 
 
 def _int(row: dict[str, str], key: str, default: int | None = None) -> int:
@@ -91,24 +51,20 @@ def _int(row: dict[str, str], key: str, default: int | None = None) -> int:
     return int(float(value))
 
 
-# MoE rows name models whose structure (MLA, shared experts, dense layers, windows) the columns cannot
-# carry: they are taken from the catalog config, after checking the row's columns agree with it.
-CATALOG_MODELS = {
-    "deepseek_v3": "deepseek-v3",
-    "qwen3_30b_a3b": "qwen3-30b-a3b",
-    "qwen3_235b_a22b": "qwen3-235b-a22b",
-    "gpt_oss_120b": "gpt-oss-120b",
-    "moonlight_16b_a3b": "moonlight-16b-a3b",
-    "wan2.1_14b": "wan2.1-t2v-14b",
-}
+def _catalog_name(model: str) -> str | None:
+    """The catalog config a row's model names ("qwen3_30b_a3b" -> "qwen3-30b-a3b", "wan2.1_14b" ->
+    "wan2.1-t2v-14b"), or None."""
+    from shardscope.models.catalog import list_models
+
+    names = list_models()
+    key = model.lower().replace("_", "-")
+    candidates = [key, key.replace("-14b", "-t2v-14b"), key.replace("-1.3b", "-t2v-1.3b")]
+    return next((c for c in candidates if c in names), None)
 
 
-def _catalog_model(row: dict[str, str]) -> ModelSpec:
-    from shardscope.models.catalog import list_models, load_model
+def _catalog_model(row: dict[str, str], name: str) -> ModelSpec:
+    from shardscope.models.catalog import load_model
 
-    name = CATALOG_MODELS[row["model"].lower()]
-    if name not in list_models():
-        raise SkipRow(f"no catalog config for {row['model']}")
     m = load_model(name)
     checks = {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "vocab": m.vocab}
     if m.dit:
@@ -121,18 +77,21 @@ def _catalog_model(row: dict[str, str]) -> ModelSpec:
     return m
 
 
-def model_from_row(row: dict[str, str]) -> ModelSpec:
-    """The row's architecture columns + the family's structure (norm, MLP, positions, biases)."""
+def model_from_row(row: dict[str, str]) -> tuple[ModelSpec, tuple[str, ...]]:
+    """The catalog config the row's model names, else the row's architecture columns + the family's
+    structure (norm, MLP, positions, biases); the second item says when the model was built from columns."""
     name = row["model"].lower()
-    if name in CATALOG_MODELS:
-        return _catalog_model(row)
-    if row.get("arch") not in ("dense", ""):
-        raise SkipRow(f"{row.get('arch')} architecture is not modelled yet")
+    catalog = _catalog_name(name)
+    arch = (row.get("arch") or "dense").strip().lower()
+    if catalog and (arch == "moe" or arch == "dit" or not row.get("layers")):
+        return _catalog_model(row, catalog), ()
+    if arch not in ("dense", "moe"):
+        raise SkipRow(f"{arch} architecture needs a catalog config ({row['model']} has none)")
     if not (row.get("layers") and row.get("hidden") and row.get("heads")):
         raise SkipRow("architecture columns are blank in the source")
     heads = _int(row, "heads")
     hidden = _int(row, "hidden")
-    common = dict(
+    common: dict = dict(
         name=row["model"],
         hidden=hidden,
         layers=_int(row, "layers"),
@@ -142,203 +101,105 @@ def model_from_row(row: dict[str, str]) -> ModelSpec:
         ffn_hidden=_int(row, "ffn_hidden", 4 * hidden),
         vocab=_int(row, "vocab", 51200),
     )
-    if name.startswith(("llama", "mistral", "qwen")):
-        return ModelSpec(**common, mlp="swiglu", norm="rmsnorm", position="rope")
+    warnings: tuple[str, ...] = ()
+    if arch == "moe":
+        experts, topk = _int(row, "experts", 0), _int(row, "topk", 0)
+        if not (experts and topk):
+            raise SkipRow("an MoE row needs its experts and topk columns")
+        if topk > experts:
+            raise SkipRow(f"topk {topk} exceeds the {experts} experts")
+        common["moe"] = MoESpec(experts=experts, top_k=topk, expert_ffn=common["ffn_hidden"])
+        warnings = (f"{row['model']}: no catalog config; built from its columns (every layer MoE, no shared experts)",)
     if name.startswith("nemotron"):  # squared-ReLU (non-gated) MLP, LayerNorm, RoPE, untied
-        return ModelSpec(**common, mlp="gelu", norm="layernorm", position="rope")
+        return ModelSpec(**common, mlp="gelu", norm="layernorm", position="rope"), warnings
     if name.startswith("mpt"):  # llm-foundry benchmark yamls: ALiBi, biases, tied embeddings
-        return ModelSpec(**common, **GPT_BLOCK, tied_embeddings=True, position="alibi")
-    if name.startswith("gpt"):  # GPT-2/3 style: learned positions, biases, tied embeddings
-        return ModelSpec(
+        return ModelSpec(**common, **GPT_BLOCK, tied_embeddings=True, position="alibi"), warnings
+    if name.startswith("gpt") and arch == "dense":  # GPT-2/3 style: learned positions, biases, tied embeddings
+        spec = ModelSpec(
             **common, **GPT_BLOCK, tied_embeddings=True, position="learned", pos_embedding_rows=_int(row, "seq_len")
         )
-    raise SkipRow(f"unknown model family {row['model']!r}")
+        return spec, warnings
+    # Llama-style (Llama, Mistral, Qwen, Mixtral, Grok and the rest): SwiGLU, RMSNorm, RoPE
+    return ModelSpec(**common, mlp="swiglu", norm="rmsnorm", position="rope"), warnings
 
 
-def automodel(row: dict[str, str]) -> bool:
-    """A NeMo AutoModel row (diffusers model code under PyTorch FSDP2), named so in the row's notes."""
-    return "NeMo Automodel" in row.get("notes", "")
-
-
-def megatron_core(row: dict[str, str]) -> bool:
-    return row.get("source") in MEGATRON_CORE_SOURCES and not automodel(row)
-
-
-def _sharding(row: dict[str, str]) -> dict:
-    z = (row.get("zero_or_fsdp") or "").strip().lower()
-    megatron = megatron_core(row)
+def sharding_of(cell: str, stack: Stack) -> dict:
+    """Plan keywords of a `zero_or_fsdp` cell (SOURCES.md's spellings) under `stack`."""
+    z = (cell or "").strip().lower()
     if z.startswith("megatron_fsdp"):
         m = re.search(r"shard_group=(\d+)", z)
         return {"zero": 3, "shard_group": int(m.group(1)) if m else 0}
+    if z.startswith("hsdp"):
+        m = re.search(r"(\d+)", z)
+        return {"fsdp": True, "shard_group": int(m.group(1)) if m else 0}
     if z.startswith("fsdp"):
         if "zero2" in z or "shard_grad_op" in z:
             return {"fsdp": True, "reshard_after_forward": False}
         return {"fsdp": True}
     if z in ("", "ddp"):
-        return {"zero": 1 if megatron else 0}
-    if z.startswith("zero"):
+        return stack.sharding_kwargs(z)
+    if z.startswith("zero") and z[4:5].isdigit():
         return {"zero": int(z[4])}
     raise SkipRow(f"unknown zero_or_fsdp {z!r}")
 
 
-def _attention_kernel(row: dict[str, str]) -> str:
-    source = row.get("source", "")
-    if source == "NARAYANAN2021":
-        return "unfused"
-    if source == "MOSAICML_LLMFOUNDRY" or automodel(row):
-        return "fa2"
-    return "auto"
-
-
-def fp8_recipe(row: dict[str, str]) -> str:
-    """The FP8 variant named in the row's notes (SOURCES.md): FP8-MX/MXFP8 is MX block scaling on
-    Blackwell and 128x128 / 1x128 block scaling on Hopper; FP8-CS is per-tensor current scaling;
-    NeMo 24.07 and llm-foundry's amp_fp8 used Transformer Engine's delayed scaling."""
-    notes = row.get("notes", "")
-    if "FP8-MX variant" in notes or re.search(r"precision as listed: (FP8-MX|MXFP8)\b", notes):
-        return "mxfp8" if load_gpu(row["gpu"]).arch == "blackwell" else "blockwise"
-    if row.get("source") in ("NEMO_2407_PERF", "MOSAICML_LLMFOUNDRY"):
-        return "delayed"
-    return "tensorwise"
-
-
-def case_model_mtp(row: dict[str, str]) -> bool:
-    return row["model"].lower() == "deepseek_v3" and "w/o MTP" not in row.get("notes", "")
-
-
-@lru_cache(maxsize=2)
-def _settings_file(name: str) -> dict:
-    """One of this package's run-settings files (`megatron_bridge_recipes.yaml`, `published_runs.yaml`)."""
-    return yaml.safe_load((resources.files("shardscope.validate") / name).read_text())
-
-
-def nemo_container(notes: str) -> str | None:
-    """The NeMo container release a row's notes name ("NeMo container 26.04.01"), or None."""
-    match = re.search(r"NeMo container ([\d.]+)", notes)
-    return match.group(1) if match else None
-
-
-def fused_cross_entropy(row: dict[str, str]) -> bool:
-    """Whether the run's loss kernel keeps only the bf16 logits (see `FUSED_CROSS_ENTROPY_SOURCES`)."""
-    if row.get("source") in FUSED_CROSS_ENTROPY_SOURCES:
-        return True
-    release = container_release(row.get("notes", ""))
-    if row.get("source") not in MEGATRON_BRIDGE_SOURCES or not release:
-        return False
-    return release[:2] <= LAST_CONTAINER_WITH_INPLACE_CROSS_ENTROPY
-
-
-def container_release(notes: str) -> tuple[int, ...]:
-    """The NeMo container release as numbers ((26, 4, 1) for 26.04.01), empty when the notes name none."""
-    release = nemo_container(notes)
-    return tuple(int(x) for x in release.split(".")) if release else ()
-
-
-def megatron_bridge_recipe(row: dict[str, str]) -> dict | None:
-    """The perf recipe behind a Megatron-Bridge row: matched on model, system, GPUs, the precision as
-    listed and the container release (both from the row's notes)."""
-    if row.get("source") != "MBRIDGE_PERF":
-        return None
-    notes = row.get("notes", "")
-    container = nemo_container(notes)
-    precision = re.search(r"precision as listed: ([^;]+);", notes)
-    if not container or not precision:
-        return None
-    key = (row["model"], row["gpu"], _int(row, "num_gpus"), precision.group(1).strip(), container)
-    for recipe in _settings_file("megatron_bridge_recipes.yaml")["recipes"]:
-        if (recipe["model"], recipe["system"], recipe["gpus"], recipe["precision"], recipe["container"]) == key:
-            return recipe
-    return None
-
-
-def run_recipe(row: dict[str, str]) -> dict | None:
-    """The settings behind a row that its columns do not carry: the Megatron-Bridge perf recipe, or for
-    the measured runs of `validation/published_moe_runs.csv` what their source states
-    (`published_runs.yaml`, keyed by row id)."""
-    return megatron_bridge_recipe(row) or _settings_file("published_runs.yaml")["runs"].get(row.get("id", ""))
-
-
-def recipe_cuda_graphs(recipe: dict) -> tuple[str, ...]:
-    """The recipe's CUDA-graph scopes: `none`, `full_iteration` or `partial: <scope>, <scope>...`."""
-    return cuda_graph_scopes(recipe["cuda_graphs"].strip().removeprefix("partial:"))
-
-
-def _moe_settings(row: dict[str, str], recipe: dict | None) -> dict:
-    """EP overlap and dispatch: the recipe's where known, else the defaults of Megatron-Bridge perf runs
-    (flex dispatcher, overlap where Megatron-Core allows it: no pipeline or an interleaved one)."""
-    if recipe is not None:
-        return {
-            "ep_comm_overlap": recipe["ep_comm_overlap"],
-            "ep_dispatch": "flat" if recipe["dispatcher"] == "alltoall" else recipe["dispatcher"],
-            "cuda_graphs": recipe_cuda_graphs(recipe),
-        }
-    megatron = row.get("source") in MEGATRON_SOURCES
-    overlap = megatron and _int(row, "ep", 1) > 1 and (_int(row, "pp", 1) == 1 or _int(row, "vpp", 1) > 1)
-    return {"ep_comm_overlap": overlap, "ep_dispatch": "deepep" if megatron else "flat"}
+def recompute_of(cell: str) -> tuple[str, int, str | None]:
+    """(policy, layers, modules) of a recompute cell: `selective(<modules>)`, `full(block,N)`, or a policy
+    word with any note after it (`none (selective, empty module list)`)."""
+    text = (cell or "").strip().lower()
+    if not text:
+        return "", 0, None
+    if m := re.match(r"full\(\w+,\s*(\d+)\)", text):
+        return "full", int(m.group(1)), None
+    if m := re.match(r"selective\(([^)]*)\)", text):
+        modules = ",".join(x.strip() for x in m.group(1).split(",") if x.strip())
+        return "selective", 0, modules or None
+    word = re.match(r"[a-z]+", text)
+    if not word or word.group(0) not in ("none", "selective", "full"):
+        raise SkipRow(f"unknown recompute {cell!r}")
+    return word.group(0), 0, None
 
 
 def case_from_row(row: dict[str, str]) -> RowCase:
-    precision = (row.get("precision") or "bf16").strip().lower()
-    model = model_from_row(row)
-    cluster = make_cluster(row["gpu"], _int(row, "num_gpus"))
-    recipe = run_recipe(row)
-    settings = recipe or {}  # the recipe's optional fields, each with the frameworks' default
-    recompute = (row.get("recompute") or (recipe["recompute"] if recipe else "") or "none").strip().lower()
-    recompute_layers = 0
-    if recompute.startswith("selective"):
-        recompute = "selective"
-    elif recompute.startswith("full("):  # Megatron "full(block,N)": N layers per stage recomputed
-        match = re.search(r"full\(\w+,\s*(\d+)\)", recompute)
-        recompute, recompute_layers = "full", int(match.group(1)) if match else 0
     try:
-        plan = make_plan(
-            model,
-            cluster,
-            tp=_int(row, "tp", 1),
-            pp=_int(row, "pp", 1),
-            vpp=_int(row, "vpp", 1),
-            pp_layout=settings.get("pp_layout"),
-            cp=_int(row, "cp", 1),
-            dp=_int(row, "dp", 0) or None,
-            micro_batch=_int(row, "micro_batch", 1),
-            global_batch=_int(row, "global_batch"),
-            seq_len=_int(row, "seq_len"),
-            recompute=recompute,
-            recompute_layers=recompute_layers,
-            recompute_modules=tuple(recipe["recompute_modules"]) if recipe and recompute == "selective" else None,
-            precision="fp8" if precision == "fp8" else "bf16",
-            fp8_recipe=(settings.get("fp8_recipe") or fp8_recipe(row)) if precision == "fp8" else "tensorwise",
-            fp8_all_gather=bool(settings.get("fp8_param_gather")),
-            attention_kernel=_attention_kernel(row),
-            tp_comm_overlap=settings.get("tp_comm_overlap", row.get("source") in MEGATRON_SOURCES),
-            fused_activation=megatron_core(row),
-            fused_cross_entropy=fused_cross_entropy(row),
-            causal_block_skip=row.get("source") != "MOSAICML_LLMFOUNDRY",
-            ep=_int(row, "ep", 1),
-            capacity_factor=settings.get("capacity_factor", 0.0),
-            moe_router_padding=bool(settings.get("moe_router_padding")) and precision == "fp8",
-            deepep_fused_routing_map=bool(settings.get("enable_experimental")),
-            fused_expert_mlp=bool(settings.get("fused_expert_mlp")),
-            optimizer_moments=settings.get("optimizer_moments", "fp32"),
-            main_grads=settings.get("main_grads", "fp32"),
-            offload_optimizer=bool(settings.get("offload_optimizer")),
-            offload_activations=settings.get("offload_activations", 0.0),
-            overlap_grad_reduce=settings.get("overlap_grad_reduce", True),
-            **_moe_settings(row, recipe),
-            # Megatron-Bridge's DeepSeek-V3 recipe trains the MTP module unless the table says "w/o MTP".
-            mtp=bool(case_model_mtp(row)),
-            **_sharding(row),
-        )
+        stack = load_stack((row.get("stack") or "").strip())
+        flags = parse_flags(row.get("flags") or "")
+    except ShardscopeError as exc:
+        raise SkipRow(str(exc)) from None
+    model, warnings = model_from_row(row)
+    cluster_kw = {k: flags.pop(k) for k in ("power_limit_w", "gpus_per_node") if k in flags}
+    try:
+        cluster = make_cluster(row["gpu"], _int(row, "num_gpus"), **cluster_kw)
+    except ShardscopeError as exc:
+        raise SkipRow(str(exc)) from None
+    precision = (row.get("precision") or "bf16").strip().lower()
+    policy, layers, modules = recompute_of(row.get("recompute", ""))
+    tp, pp, cp = _int(row, "tp", 1), _int(row, "pp", 1), _int(row, "cp", 1)
+    dp = _int(row, "dp", 0) or cluster.gpus // (tp * pp * cp)
+    micro = _int(row, "micro_batch", 0) or flags.pop("micro_batch", None) or stack.value("micro_batch", 1)
+    kw = dict(
+        tp=tp,
+        pp=pp,
+        vpp=_int(row, "vpp", 1),
+        cp=cp,
+        dp=dp,
+        ep=_int(row, "ep", 1),
+        micro_batch=micro,
+        global_batch=_int(row, "global_batch", 0) or dp * micro,
+        seq_len=_int(row, "seq_len"),
+        precision="fp8" if precision == "fp8" else "bf16",
+        **sharding_of(row.get("zero_or_fsdp", ""), stack),
+    )
+    if policy:
+        kw |= {"recompute": policy, "recompute_layers": layers, "recompute_modules": modules}
+    kw |= flags  # the run's stated flags override the columns' defaults
+    try:
+        plan = stack_plan(model, cluster, stack, **kw)
     except ShardscopeError as exc:
         raise SkipRow(f"plan rejected: {exc}") from None
-    if not (row.get("recompute") or "").strip():
-        if recipe is None:
-            plan = _least_recompute_that_fits(model, cluster, plan)
-        elif recipe.get("layout_differs"):
-            # The run overrode the recipe's layout, so the recipe's recompute is a floor, not a fact:
-            # where it does not fit the overridden layout, the run recomputed more.
-            plan = _least_recompute_that_fits(model, cluster, plan, floor=plan.recompute)
-    return RowCase(model, cluster, plan)
+    if not policy:
+        plan = _least_recompute_that_fits(model, cluster, plan, floor=plan.recompute)
+    return RowCase(model, cluster, plan, stack, warnings + stack.warnings)
 
 
 def _least_recompute_that_fits(model: ModelSpec, cluster: Cluster, plan: Plan, floor: Recompute = "none") -> Plan:
@@ -346,8 +207,6 @@ def _least_recompute_that_fits(model: ModelSpec, cluster: Cluster, plan: Plan, f
     that fits, from `floor` up (none, then selective, then full) — which frameworks' recipes pick the same
     way. The plan's own selective modules are kept at its own level; a policy above it takes the policy's
     defaults."""
-    from dataclasses import replace
-
     from shardscope.analytic.step import estimate_step
 
     policies: tuple[Recompute, ...] = ("none", "selective", "full")

@@ -14,8 +14,8 @@ from shardscope.plan.plan import Plan
 from shardscope.validate.metrics import predicted_metric
 from shardscope.validate.rows import SkipRow, case_from_row
 
-REQUIRED_COLUMNS = {"id", "source", "model", "gpu", "num_gpus", "metric", "value"}
-GROUPINGS = ("metric", "source", "gpu", "arch", "precision", "moe_layers")
+REQUIRED_COLUMNS = {"id", "model", "gpu", "num_gpus", "metric", "value"}
+GROUPINGS = ("metric", "stack", "source", "gpu", "arch", "precision", "moe_layers")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +25,7 @@ class RowResult:
     measured: float
     predicted: float
     error_pct: float  # (predicted - measured) / measured x 100
+    stack: str  # the stack name the row states (releases grouped under it)
     source: str
     gpu: str
     arch: str
@@ -134,7 +135,7 @@ def predict_row(row: dict[str, str]) -> RowResult:
     case = case_from_row(row)
     est = estimate_step(case.model, case.cluster, case.plan)
     metric = row["metric"]
-    value = predicted_metric(metric, row.get("flops_def", ""), case.model, est, row)
+    value = predicted_metric(metric, row.get("flops_def", ""), case.model, est, row, case.stack)
     if value is None:
         raise SkipRow(f"unknown metric {metric!r}")
     measured = float(row["value"])
@@ -144,7 +145,8 @@ def predict_row(row: dict[str, str]) -> RowResult:
         measured=measured,
         predicted=value,
         error_pct=100.0 * (value - measured) / measured,
-        source=row["source"],
+        stack=case.stack.name,
+        source=row.get("source", ""),
         gpu=row["gpu"],
         arch=row.get("arch", ""),
         precision=(row.get("precision") or "bf16").strip().lower(),

@@ -1,0 +1,41 @@
+"""A plan as a run's user states it: the stack's settings, then whatever the user set explicitly.
+
+A user names the framework (`--stack NAME[@RELEASE]`) and the flags they set; everything else comes
+from the stack file. Settings a framework applies only where it can (the EP all-to-all overlap, CUDA-graph
+scopes) are dropped where the plan rules them out, as the framework's own checks would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardscope.hardware.catalog import Cluster
+from shardscope.models.spec import ModelSpec
+from shardscope.plan.plan import Plan, cuda_graph_problem, ep_overlap_problem, make_plan
+from shardscope.records import evolve
+from shardscope.stacks import Stack, load_stack
+
+
+def stack_plan(model: ModelSpec, cluster: Cluster, stack: Stack | str | None = None, **explicit: Any) -> Plan:
+    """The plan of `explicit` keywords (None = not stated) over `stack`'s settings, validated."""
+    st = stack if isinstance(stack, Stack) else load_stack(stack or "")
+    stated = {k: v for k, v in explicit.items() if v is not None}
+    if stated.pop("async_tp", False):  # torchtitan's async TP: the TP collectives overlap the GEMMs
+        stated["tp_comm_overlap"] = True
+    defaults = st.plan_defaults()
+    if not model.mtp_layers:
+        defaults.pop("mtp", None)  # a stack that trains MTP modules trains none of a model without them
+    if not (stated.get("shard_group") or any(k in stated for k in ("zero", "fsdp"))):
+        defaults |= st.sharding_kwargs(stated.pop("sharding", ""))
+    stated.pop("sharding", None)
+    conditional = {k: defaults.pop(k) for k in ("ep_comm_overlap", "cuda_graphs") if k in defaults}
+    plan = make_plan(model, cluster, **(defaults | stated))
+    # the stack's conditional settings, where the plan allows them and the user did not set them
+    for key, value in conditional.items():
+        if key in stated or not value:
+            continue
+        candidate = evolve(plan, **{key: value})
+        problem = ep_overlap_problem(candidate) if key == "ep_comm_overlap" else cuda_graph_problem(model, candidate)
+        if problem is None:
+            plan = candidate
+    return plan

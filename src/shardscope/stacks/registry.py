@@ -1,0 +1,156 @@
+"""Load a stack file and resolve `NAME[@RELEASE]` to the settings that release runs with.
+
+A stack file holds `settings` (what every release of the framework does) and `releases` (what changed at a
+release: each entry applies to that release and every later one). Every setting carries the source it
+comes from. An unknown release resolves to the nearest known one, with a warning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from shardscope.errors import ShardscopeError
+
+# Settings a stack may set: Plan fields (the plan's defaults where the user sets nothing) and two that
+# are not plan fields: `sharding` (the data-parallel state sharding a run gets when the user names none,
+# and what a Megatron "DDP" means: with the distributed optimizer, ZeRO-1) and the FLOP counter of the
+# framework's own throughput report (`flops_attention`: causal | full; `flops_exact_glu_window`).
+PLAN_KEYS = (
+    "attention_kernel", "causal_block_skip", "fused_activation", "fused_cross_entropy", "eager_elementwise",
+    "linear_impl", "compile", "tp_comm_overlap", "overlap_grad_reduce", "fsdp_prefetch", "reshard_after_forward",
+    "cuda_graphs", "ep_dispatch", "ep_comm_overlap", "fp8_recipe", "main_grads", "optimizer_moments",
+    "micro_batch", "persistent_grads", "mtp",
+)  # fmt: skip
+STACK_KEYS = (*PLAN_KEYS, "sharding", "flops_attention", "flops_exact_glu_window")
+SHARDINGS = ("ddp", "zero1", "fsdp")
+# The stack of a run that names none: Megatron-Core with Transformer Engine, as its examples run it.
+DEFAULT_STACK = "megatron"
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    value: Any
+    source: str
+    since: str = ""  # the release that introduced it ("" = every release)
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    name: str
+    release: str  # the release resolved ("" for a stack without releases)
+    title: str
+    settings: dict[str, Setting]
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}@{self.release}" if self.release else self.name
+
+    def value(self, key: str, default: Any = None) -> Any:
+        setting = self.settings.get(key)
+        return default if setting is None else setting.value
+
+    def plan_defaults(self) -> dict[str, Any]:
+        """The plan fields this stack sets."""
+        return {k: s.value for k, s in self.settings.items() if k in PLAN_KEYS}
+
+    def sharding_kwargs(self, cell: str = "") -> dict[str, Any]:
+        """Plan keywords for the sharding a run states: "" (the stack's default) or "ddp" (for a stack whose
+        default is ZeRO-1, Megatron's DDP with the distributed optimizer)."""
+        default = self.value("sharding", "ddp")
+        if cell == "ddp" and default != "zero1":
+            default = "ddp"
+        return {"ddp": {"zero": 0}, "zero1": {"zero": 1}, "fsdp": {"fsdp": True}}[default]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stack": self.label,
+            "settings": {k: s.value for k, s in self.settings.items()},
+            "warnings": list(self.warnings),
+        }
+
+
+def _version(release: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in release.split("."))
+    except ValueError:
+        return ()
+
+
+@cache
+def _stack_files() -> dict[str, dict]:
+    out = {}
+    for entry in resources.files("shardscope.stacks").iterdir():
+        if entry.name.endswith(".yaml"):
+            import yaml
+
+            data = yaml.safe_load(entry.read_text())
+            out[data["name"]] = data
+    return out
+
+
+def list_stacks() -> list[Stack]:
+    """Every stack at its default release."""
+    return [load_stack(name) for name in sorted(_stack_files())]
+
+
+def known_releases(name: str) -> list[str]:
+    data = _stack_files()[name]
+    return [str(r) for r in data.get("known_releases", ())]
+
+
+def _nearest(release: str, known: list[str]) -> str:
+    """The known release nearest `release` (by version order; a tie goes to the older one)."""
+    v = _version(release)
+    if not v:
+        raise ShardscopeError(f"release {release!r} is not a version (choose from {', '.join(known)})")
+    ordered = sorted(known, key=_version)
+    older = [r for r in ordered if _version(r) <= v]
+    newer = [r for r in ordered if _version(r) > v]
+    if not older:
+        return newer[0]
+    if not newer:
+        return older[-1]
+
+    def gap(r: str) -> tuple[int, ...]:
+        a, b = _version(r), v
+        n = max(len(a), len(b))
+        a, b = a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
+        return tuple(abs(x - y) for x, y in zip(a, b, strict=True))
+
+    return min((older[-1], newer[0]), key=gap)
+
+
+@cache
+def load_stack(spec: str = DEFAULT_STACK) -> Stack:
+    """`NAME` or `NAME@RELEASE` (`nemo@25.04`, `megatron@2021`), resolved against the stack files."""
+    name, _, release = (spec or DEFAULT_STACK).strip().partition("@")
+    files = _stack_files()
+    if name not in files:
+        raise ShardscopeError(f"unknown stack {name!r}; choose one of {', '.join(sorted(files))}")
+    data = files[name]
+    known = known_releases(name)
+    warnings: list[str] = []
+    if not release:
+        release = str(data.get("default_release", ""))
+    elif known and release not in known:
+        nearest = _nearest(release, known)
+        warnings.append(f"{name}@{release} is not a known release; using the nearest, {name}@{nearest}")
+        release = nearest
+    elif not known:
+        warnings.append(f"{name} has no releases; {name}@{release} runs as {name}")
+        release = ""
+    settings = {k: Setting(v["value"], v["source"]) for k, v in data["settings"].items()}
+    for rel, changes in sorted((data.get("releases") or {}).items(), key=lambda kv: _version(str(kv[0]))):
+        rel = str(rel)
+        if release and _version(rel) <= _version(release) or rel == release:
+            settings |= {k: Setting(v["value"], v["source"], rel) for k, v in changes.items()}
+    unknown = sorted(set(settings) - set(STACK_KEYS))
+    if unknown:
+        raise ShardscopeError(f"stack {name}: unknown settings {', '.join(unknown)}")
+    if settings.get("sharding") and settings["sharding"].value not in SHARDINGS:
+        raise ShardscopeError(f"stack {name}: sharding must be one of {', '.join(SHARDINGS)}")
+    return Stack(name, release, data["title"], settings, tuple(warnings))

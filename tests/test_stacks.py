@@ -1,0 +1,185 @@
+"""Stacks: a run described as its user describes it (framework, release, stated flags), and nothing of
+where a validation row came from."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import shardscope
+from shardscope.cli import app
+from shardscope.errors import ShardscopeError
+from shardscope.plan.flags import parse_flags
+from shardscope.stacks import STACK_KEYS, list_stacks, load_stack
+from shardscope.validate.rows import case_from_row, recompute_of
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "shardscope"
+MEASURED = Path(__file__).resolve().parents[1] / "validation" / "torchtitan_llama_step_h100.json"
+NAMES = {"megatron", "nemo", "torchtitan", "nemo-automodel", "llm-foundry", "deepspeed", "hf"}
+
+
+def test_every_stack_named_in_the_issue_loads_with_a_source_per_setting():
+    stacks = {s.name: s for s in list_stacks()}
+    assert set(stacks) >= NAMES
+    for st in stacks.values():
+        assert st.settings and set(st.settings) <= set(STACK_KEYS)
+        for key, setting in st.settings.items():
+            assert len(setting.source) > 15, (st.name, key)
+    assert load_stack("megatron@2021").value("attention_kernel") == "unfused"
+    assert load_stack("megatron@2021").value("sharding") == "ddp"
+    assert load_stack("megatron").value("sharding") == "zero1"
+
+
+def test_releases_change_what_they_changed():
+    assert load_stack("nemo@24.07").value("fp8_recipe") == "delayed"
+    assert load_stack("nemo@24.07").value("flops_attention") == "full"
+    assert load_stack("nemo@25.11").value("fp8_recipe") == "tensorwise"
+    assert load_stack("nemo@25.11").value("fused_cross_entropy") is True
+    assert load_stack("nemo@26.08").value("fused_cross_entropy") is False  # TE 2.18
+    assert load_stack("nemo@26.08").value("cuda_graphs") == "full_iteration"
+
+
+def test_an_unknown_release_uses_the_nearest_known_one_and_says_so():
+    st = load_stack("nemo@25.05")
+    assert st.release == "25.04" and st.warnings and "nearest" in st.warnings[0]
+    assert load_stack("nemo@30.01").release == "26.08"
+    est = shardscope.estimate("llama3.1-8b", "H100", 8, global_batch=8, seq_len=4096, stack="nemo@25.05")
+    assert any("nearest" in w for w in est.warnings) and est.stack == "nemo@25.04"
+
+
+def test_unknown_stack_is_one_line_and_exit_2():
+    with pytest.raises(ShardscopeError, match="choose one of"):
+        load_stack("megatorn")
+    r = CliRunner().invoke(app, ["estimate", "llama3.1-8b", "--stack", "megatorn"])
+    assert r.exit_code == 2 and "unknown stack" in r.output and "Traceback" not in r.output
+
+
+def test_stack_sets_the_plan_and_explicit_flags_override_it():
+    kw = dict(gpu="H100", gpus=8, global_batch=8, seq_len=8192)
+    tt = shardscope.estimate("llama3.1-8b", stack="torchtitan", **kw)
+    assert tt.plan["fsdp"] and tt.plan["linear_impl"] == "torch" and not tt.plan["persistent_grads"]
+    assert tt.plan["attention_kernel"] == "cudnn" and not tt.plan["fused_activation"]
+    nemo = shardscope.estimate("llama3.1-8b", stack="nemo", **kw)
+    assert nemo.plan["zero"] == 1 and nemo.plan["tp_comm_overlap"] and nemo.plan["fused_cross_entropy"]
+    over = shardscope.estimate("llama3.1-8b", stack="torchtitan", fsdp=False, zero=1, attention_kernel="fa2", **kw)
+    assert (over.plan["fsdp"], over.plan["zero"], over.plan["attention_kernel"]) == (False, 1, "fa2")
+    compiled = shardscope.estimate("llama3.1-8b", stack="torchtitan", compile=True, **kw)
+    assert compiled.memory.peak_gib < tt.memory.peak_gib  # the compiled loss keeps no fp32 logits
+    asynctp = shardscope.estimate("llama3.1-8b", stack="torchtitan", tp=2, async_tp=True, compile=True, **kw)
+    assert asynctp.plan["tp_comm_overlap"]
+
+
+def test_json_carries_the_stack_and_its_resolved_settings():
+    r = CliRunner().invoke(app, ["estimate", "llama3.1-8b", "--stack", "torchtitan", "--compile", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["stack"] == "torchtitan@0.2" and doc["plan"]["compile"] is True and doc["plan"]["fsdp"] is True
+    r = CliRunner().invoke(app, ["stacks", "--json"])
+    assert {d["stack"].split("@")[0] for d in json.loads(r.output)} >= NAMES
+    r = CliRunner().invoke(app, ["stacks", "nemo@24.07"])
+    assert r.exit_code == 0 and "delayed" in r.output
+
+
+def test_power_limit_slows_compute_by_the_cube_root_of_the_cap():
+    kw = dict(gpu="H100", gpus=8, global_batch=8, seq_len=8192, stack="nemo")
+    full = shardscope.estimate("llama3.1-8b", **kw)
+    capped = shardscope.estimate("llama3.1-8b", power_limit_w=500, **kw)
+    ratio = capped.step_time_s / full.step_time_s
+    assert 1.0 < ratio <= (700 / 500) ** (1 / 3) + 1e-9
+    assert shardscope.estimate("llama3.1-8b", power_limit_w=900, **kw).step_time_s == pytest.approx(full.step_time_s)
+    r = CliRunner().invoke(app, ["estimate", "llama3.1-8b", "--power-limit", "-5"])
+    assert r.exit_code == 2 and "power-limit" in r.output
+
+
+def test_flags_read_as_the_cli_spells_them():
+    flags = parse_flags("--compile --async-tp --fp8-recipe rowwise --power-limit 500 --no-tp-comm-overlap "
+                        "--recompute-modules=mlp,moe_act --pp-layout 'Et*3|(tt|)*29m|L'")  # fmt: skip
+    assert flags == {
+        "compile": True, "async_tp": True, "fp8_recipe": "rowwise", "power_limit_w": 500.0,
+        "tp_comm_overlap": False, "recompute_modules": "mlp,moe_act", "pp_layout": "Et*3|(tt|)*29m|L",
+    }  # fmt: skip
+    with pytest.raises(ShardscopeError, match="unknown --compiel"):
+        parse_flags("--compiel")
+    with pytest.raises(ShardscopeError, match="needs a value"):
+        parse_flags("--tp")
+
+
+ROW = dict(
+    id="X-1", source="anything", model="llama3_8b", arch="dense", layers="32", hidden="4096", ffn_hidden="14336",
+    heads="32", kv_heads="8", vocab="128256", seq_len="8192", gpu="H100", num_gpus="8", tp="1", pp="1", cp="1",
+    zero_or_fsdp="", recompute="", micro_batch="", global_batch="", precision="bf16", metric="step_time_s",
+    value="1.0", notes="", stack="torchtitan", flags="--compile",
+)  # fmt: skip
+
+
+def test_a_row_is_read_from_its_layout_stack_and_flags_only():
+    case = case_from_row(ROW)
+    assert case.plan.global_batch == 8 and case.plan.micro_batch == 1  # blank: dp x micro-batch, no accumulation
+    assert case.plan.fsdp and case.plan.compile and case.stack.name == "torchtitan"
+    other = case_from_row(ROW | {"source": "MBRIDGE_PERF", "notes": "NeMo container 24.07", "id": "MB-001"})
+    assert other.plan == case.plan  # where the row came from changes nothing
+
+
+def test_recompute_cells_as_sources_write_them():
+    assert recompute_of("none (selective, empty module list)") == ("none", 0, None)
+    assert recompute_of("selective(core_attn, mlp)") == ("selective", 0, "core_attn,mlp")
+    assert recompute_of("full(block,8)") == ("full", 8, None)
+    assert case_from_row(ROW | {"recompute": "selective(mlp)", "stack": "megatron"}).plan.recompute_modules == ("mlp",)
+
+
+def test_an_moe_model_outside_the_catalog_is_built_from_its_columns():
+    grok = ROW | dict(model="grok_1", arch="moe", layers="64", hidden="6144", ffn_hidden="32768", heads="48",
+                      kv_heads="8", vocab="131072", experts="8", topk="2", num_gpus="64", tp="8", ep="8",
+                      stack="megatron", flags="")  # fmt: skip
+    case = case_from_row(grok)
+    assert case.model.moe and case.model.moe.experts == 8 and case.warnings
+    assert 300e9 < case.model.params_total < 330e9  # Grok-1: 314 B
+
+
+def test_no_source_names_or_row_ids_in_src():
+    """Nothing in the package keys on where a validation row came from."""
+    sources = ("MBRIDGE", "MOSAICML", "NARAYANAN", "NEMO_2407", "LLAMA3_PAPER", "WAN_DIT", "MCORE_")
+    row_id = re.compile(r"\b(MB|MR|MD|MC|MG|MS|MT|NM|WN|QA|QB|QR|ML|MA|L3)-\d{3}\b")
+    for path in SRC.rglob("*"):
+        if path.suffix not in (".py", ".yaml", ".json", ".html"):
+            continue
+        text = path.read_text()
+        assert not any(s in text for s in sources), path
+        assert not row_id.search(text), (path, row_id.search(text))
+    rows_py = (SRC / "validate" / "rows.py").read_text() + (SRC / "validate" / "metrics.py").read_text()
+    assert not re.search(r"""row(\.get\(|\[)["'](source|notes|id)["']""", rows_py)
+
+
+def test_torchtitan_stack_against_a_measured_step_on_one_h100():
+    """torchtitan's Llama-3.1-8B blocks (full width, 2 and 4 layers, seq 8192, FSDP2 on one H100, torch
+    2.11; bench/device/torchtitan_llama_step.py): per block, the estimate's forward+backward time is within
+    15% of the measured (it is 12% fast: the GEMMs of nn.Linear run slower than the sustained rate), and
+    its peak-memory growth within 5%: params + Adam + the larger of grads and activations, since
+    `zero_grad(set_to_none=True)` frees the grads; a persistent grad buffer would be 16% over."""
+    import dataclasses
+    import tempfile
+
+    from shardscope.analytic.step import estimate_step
+
+    doc = json.loads(MEASURED.read_text())
+    runs = {(r["n_layers"], r["mode"]): r for r in doc["configs"] if r.get("route") == "fsdp" and r.get("ok")}
+    cfg = json.loads((SRC / "models" / "catalog" / "llama3.1-8b.json").read_text())
+    est = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for layers in (2, 4):
+            path = Path(tmp) / f"l{layers}.json"
+            path.write_text(json.dumps(cfg | {"num_hidden_layers": layers}))
+            spec, cluster, plan = shardscope.setup(path, "H100", 1, global_batch=1, seq_len=8192, stack="torchtitan")
+            est[layers] = (estimate_step(spec, cluster, plan), spec, cluster, plan)
+    measured_layer_ms = (runs[(4, "eager")]["fwd_bwd_ms"] - runs[(2, "eager")]["fwd_bwd_ms"]) / 2
+    model_layer_ms = (est[4][0].time.compute_s - est[2][0].time.compute_s) / 2 * 1e3
+    assert model_layer_ms == pytest.approx(measured_layer_ms, rel=0.15)
+    measured_layer_gib = (runs[(4, "eager")]["peak_mem_gib"] - runs[(2, "eager")]["peak_mem_gib"]) / 2
+    model_layer_gib = (est[4][0].memory.peak_gib - est[2][0].memory.peak_gib) / 2
+    assert model_layer_gib == pytest.approx(measured_layer_gib, rel=0.05)
+    kept = [estimate_step(s, c, dataclasses.replace(p, persistent_grads=True)) for _, s, c, p in est.values()]
+    assert (kept[1].memory.peak_gib - kept[0].memory.peak_gib) / 2 > 1.1 * measured_layer_gib
