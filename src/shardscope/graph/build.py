@@ -176,6 +176,7 @@ GRAPH_FIELDS = (
     "fused_cross_entropy",
     "eager_elementwise",
     "compile",
+    "complex_rope",
     "linear_impl",
 )
 _GRAPH_CACHE: dict[tuple, StageGraph] = {}

@@ -112,6 +112,9 @@ class Plan:
     # (graph.eager); `compile` (per-block torch.compile) fuses them, and the SwiGLU, into Triton kernels
     eager_elementwise: bool = False
     compile: bool = False
+    # RoPE by complex multiplication (torchtitan): Inductor cannot generate code for complex ops, so it
+    # runs as an eager ATen chain even under torch.compile
+    complex_rope: bool = False
     linear_impl: Literal["te", "torch"] = "te"  # GEMMs through Transformer Engine modules or plain nn.Linear
     # the gradient buffer lives through the step (Megatron's contiguous `main_grad` buffer, DeepSpeed's
     # partitions); False: PyTorch's `zero_grad(set_to_none=True)` frees the grads after each step, so

@@ -131,9 +131,11 @@ def run_plan_command(
     stack: str | None = None,
     power_limit: float | None = None,
 ) -> SearchResult:
-    spec, cluster, seq_len, space = search_setup(**{k: v for k, v in locals().items() if k in SEARCH_OPTIONS})
     if export is not None and export not in FORMATS:
         raise ShardscopeError(f"--export must be one of {', '.join(FORMATS)}, got {export!r}")
+    if export is not None and stack is None:
+        stack = export  # the plans are priced as the framework that will run them runs them
+    spec, cluster, seq_len, space = search_setup(**{k: v for k, v in locals().items() if k in SEARCH_OPTIONS})
     if top <= 0 or global_batch <= 0 or seq_len <= 0:
         raise ShardscopeError("--top, --global-batch and --seq-len must be positive")
     n_tokens = parse_tokens(tokens) if tokens else None
