@@ -234,21 +234,33 @@ def print_modules(result, console: Console | None = None) -> None:
 
 
 def print_stacks(stacks: list, sources: bool = False) -> None:
-    """The stacks and their settings; with `sources`, each setting's source and the release it came in."""
+    """Several stacks: one row each, the settings that differ most between frameworks. One stack
+    (`sources`): every setting with the release it came in and its source."""
     from shardscope.stacks.registry import known_releases
 
     out = Console()
+    if not sources:
+        cols = ("sharding", "attention_kernel", "fused_activation", "fused_cross_entropy", "eager_elementwise",
+                "linear_impl", "tp_comm_overlap", "persistent_grads")  # fmt: skip
+        heads = ("stack", "sharding", "attention", "fused SwiGLU", "fused loss", "eager norms", "GEMMs",
+                 "TP overlap", "grad buffer")  # fmt: skip
+        table = Table(title="Stacks (default: megatron; `shardscope stacks NAME` for every setting and its source)")
+        for h in heads:
+            table.add_column(h)
+        for st in stacks:
+            values = [str(st.value(c, "")) for c in cols]
+            values[-1] = "kept" if st.value("persistent_grads", True) else "freed"
+            table.add_row(st.label, *values)
+        out.print(table)
+        return
     for st in stacks:
         table = Table(title=f"{st.label} — {st.title}", title_justify="left")
-        table.add_column("setting")
-        table.add_column("value")
-        if sources:
-            table.add_column("since")
-            table.add_column("source", overflow="fold")
+        for col in ("setting", "value", "since"):
+            table.add_column(col)
+        table.add_column("source", overflow="fold")
         for key, setting in st.settings.items():
             value = "eager" if key == "cuda_graphs" and not setting.value else str(setting.value)
-            row = [key, value] + ([setting.since or "all", setting.source] if sources else [])
-            table.add_row(*row)
+            table.add_row(key, value, setting.since or "all", setting.source)
         out.print(table)
         releases = known_releases(st.name)
         if releases:
