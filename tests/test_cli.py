@@ -82,7 +82,7 @@ def test_estimate_that_does_not_fit_points_to_the_plan_search():
         (("estimate", "llama3.1-8b", "--gpus", "-8"), "positive"),
         (("estimate", "/nonexistent/config.json"), "not found"),
         (("validate", "/nonexistent.csv"), "not found"),
-        (("estimate", "llama3.1-8b", "--main-grads", "fp8"), "--main-grads must be fp32 or bf16"),
+        (("estimate", "llama3.1-8b", "--main-grads", "fp8"), "--main-grads must be one of fp32, bf16"),
         (("estimate", "llama3.1-8b", "--cuda-graphs", "attn,layers"), "unknown layers; choose none or from attn, mlp"),
         (("estimate", "qwen3-30b-a3b", "--ep", "8", "--no-pad-to-capacity"), "needs --capacity-factor > 0"),
     ],

@@ -19,7 +19,7 @@ M70 = load_model("llama3.1-70b")
         ({"micro_batch": 0}, "must be a positive integer"),
         ({"seq_len": -5}, "must be a positive integer"),
         ({"vpp": 2}, "needs --pp > 1"),
-        ({"zero": 5}, "ZeRO stage|must be 0, 1, 2 or 3"),
+        ({"zero": 5}, "--zero must be one of 0, 1, 2, 3"),
         ({"recompute": "some"}, "--recompute must be"),
         ({"cp": 3, "seq_len": 4096}, "divisible"),
         ({"dp": 3}, "does not equal --gpus"),
@@ -163,5 +163,5 @@ def test_precision_aware_optimizer_state_bytes():
         "--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --main-grads-dtype bf16" in args
     )
     assert "precision-aware" not in " ".join(to_megatron(model, base))
-    with pytest.raises(ShardscopeError, match="--optimizer-moments must be fp32, bf16 or fp8"):
+    with pytest.raises(ShardscopeError, match="--optimizer-moments must be one of fp32, bf16, fp8"):
         make_plan(model, cluster, global_batch=64, optimizer_moments="fp16")

@@ -183,3 +183,32 @@ def test_torchtitan_stack_against_a_measured_step_on_one_h100():
     assert model_layer_gib == pytest.approx(measured_layer_gib, rel=0.05)
     kept = [estimate_step(s, c, dataclasses.replace(p, persistent_grads=True)) for _, s, c, p in est.values()]
     assert (kept[1].memory.peak_gib - kept[0].memory.peak_gib) / 2 > 1.1 * measured_layer_gib
+
+
+def test_every_plan_option_is_declared_once():
+    """The plan's options come from their one declaration in `Plan` (section, help, choices): the CLI
+    declares none of them itself (the search's tri-state MoE choices aside), estimate and budget offer
+    them all, the flags cell reads them all, and the op graph's memo key is the fields declared `graph`."""
+    from dataclasses import fields
+
+    from shardscope.graph.build import GRAPH_FIELDS
+    from shardscope.plan.flags import plan_flag_types
+    from shardscope.plan.plan import SECTIONS, Plan, option_flag
+
+    cli_src = (SRC / "cli.py").read_text()
+    searched = {"--ep-comm-overlap", "--ep-dispatch"}  # `plan`'s "try both" / "auto" choices, not plan fields
+    offered = [f for f in fields(Plan) if f.metadata.get("cli", True)]
+    for f in offered:
+        assert f.metadata["section"] in SECTIONS and f.metadata["help"], f.name
+        flag = option_flag(f)
+        if flag not in searched:
+            assert not re.search(rf'"{flag}[/"]', cli_src), f"{flag} is declared in cli.py"
+    helps = {c: CliRunner().invoke(app, [c, "--help"], env={"COLUMNS": "300"}).output for c in ("estimate", "budget")}
+    for f in offered:
+        for cmd, text in helps.items():
+            assert option_flag(f) in text, (cmd, f.name)
+    assert set(plan_flag_types()) == {option_flag(f)[2:] for f in offered}
+    assert set(GRAPH_FIELDS) == {f.name for f in fields(Plan) if f.metadata.get("graph")}
+    api = shardscope.estimate("llama3.1-8b", "H100", 8, global_batch=8)
+    cli = json.loads(CliRunner().invoke(app, ["estimate", "llama3.1-8b", "--global-batch", "8", "--json"]).output)
+    assert json.loads(json.dumps(api.to_dict()))["plan"] == cli["plan"]  # the same defaults from API and CLI

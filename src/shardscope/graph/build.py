@@ -13,7 +13,7 @@ checkpointing as torchtitan uses it; "full" keeps only each layer's input.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 
 from shardscope.costs.routing import RoutingLoad, routing_load
@@ -145,40 +145,10 @@ def mtp_group(model: ModelSpec, plan: Plan) -> OpGroup:
     return OpGroup(ops, saved, ())
 
 
-# The plan fields the op graph reads: plans that differ only elsewhere (pipeline, data parallel,
-# sharding, recompute, batch accumulation) share one graph, which the planner exploits.
-GRAPH_FIELDS = (
-    "tp",
-    "cp",
-    "sequence_parallel",
-    "cp_kind",
-    "micro_batch",
-    "seq_len",
-    "precision",
-    "fp8_recipe",
-    "attention_kernel",
-    "causal_block_skip",
-    "causal",
-    "ep",
-    "etp",
-    "moe_imbalance",
-    "moe_skew",
-    "capacity_factor",
-    "pad_to_capacity",
-    "deepep_fused_routing_map",
-    "fused_expert_mlp",
-    "tp_comm_overlap",
-    "ep_comm_overlap",
-    "ep_dispatch",
-    "cuda_graphs",
-    "fused_activation",
-    "moe_router_padding",
-    "fused_cross_entropy",
-    "eager_elementwise",
-    "compile",
-    "complex_rope",
-    "linear_impl",
-)
+# The plan fields the op graph reads (declared with `graph=True` in `Plan`): plans that differ only
+# elsewhere (pipeline, data parallel, sharding, recompute, batch accumulation) share one graph, which the
+# planner exploits.
+GRAPH_FIELDS = tuple(f.name for f in fields(Plan) if f.metadata.get("graph"))
 _GRAPH_CACHE: dict[tuple, StageGraph] = {}
 _graph_fields = attrgetter(*GRAPH_FIELDS)
 

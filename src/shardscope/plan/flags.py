@@ -9,28 +9,30 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from shardscope.errors import ShardscopeError
-from shardscope.plan.plan import Plan
+from shardscope.plan.plan import Plan, option_flag
 
 # Flags that describe the cluster or the run rather than a Plan field: name -> (keyword, type)
 CLUSTER_FLAGS: dict[str, tuple[str, type]] = {
     "power-limit": ("power_limit_w", float),
     "gpus-per-node": ("gpus_per_node", int),
 }
-ALIASES = {"async-tp": ("async_tp", bool), "reshard": ("reshard_after_forward", bool)}
+ALIASES = {"async-tp": ("async_tp", bool)}
 
 
-def _plan_flag_types() -> dict[str, tuple[str, type]]:
+def plan_flag_types() -> dict[str, tuple[str, type]]:
+    """Each Plan option's flag (without the dashes) -> (field, the type its value is read as)."""
     out = {}
     for f in fields(Plan):
-        default = f.default if f.default is not MISSING else None
-        kind = type(default) if default is not None else str
-        out[f.name.replace("_", "-")] = (f.name, str if kind is tuple else kind)
+        if not f.metadata.get("cli", True):
+            continue
+        kind = type(f.default) if f.default is not MISSING else str
+        out[option_flag(f)[2:]] = (f.name, str if kind is tuple else kind)
     return out
 
 
 def parse_flags(text: str) -> dict[str, Any]:
     """Keywords for `shardscope.setup` from a flags string; a bad flag raises ShardscopeError."""
-    known = _plan_flag_types() | CLUSTER_FLAGS | ALIASES
+    known = plan_flag_types() | CLUSTER_FLAGS | ALIASES
     try:
         words = shlex.split(text or "")
     except ValueError as exc:
