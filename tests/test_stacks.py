@@ -212,3 +212,20 @@ def test_every_plan_option_is_declared_once():
     api = shardscope.estimate("llama3.1-8b", "H100", 8, global_batch=8)
     cli = json.loads(CliRunner().invoke(app, ["estimate", "llama3.1-8b", "--global-batch", "8", "--json"]).output)
     assert json.loads(json.dumps(api.to_dict()))["plan"] == cli["plan"]  # the same defaults from API and CLI
+
+
+def test_rows_name_stacks_and_models_as_users_write_them():
+    """Case, separators and common aliases of stacks and models are read; flags this version does not
+    model are ignored with a warning rather than dropping the row; an unknown stack is a skip with reason."""
+    import pytest as _pytest
+
+    from shardscope.validate.rows import SkipRow
+
+    case = case_from_row(ROW | {"stack": "TorchTitan@v0.2.0", "model": "Llama-3.1-8B", "flags": "--compile --float8"})
+    assert case.stack.label == "torchtitan@0.2" and case.plan.compile
+    bare = ROW | {"model": "Llama-3.1-8B", "layers": "", "hidden": "", "heads": ""}  # no columns: the catalog's
+    assert case_from_row(bare).model.name == "llama3.1-8b"
+    assert any("--float8" in w for w in case.warnings)
+    assert case_from_row(ROW | {"stack": "Megatron-LM"}).stack.name == "megatron"
+    with _pytest.raises(SkipRow, match="unknown stack"):
+        case_from_row(ROW | {"stack": "jax"})

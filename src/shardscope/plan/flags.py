@@ -30,8 +30,10 @@ def plan_flag_types() -> dict[str, tuple[str, type]]:
     return out
 
 
-def parse_flags(text: str) -> dict[str, Any]:
-    """Keywords for `shardscope.setup` from a flags string; a bad flag raises ShardscopeError."""
+def parse_flags(text: str, ignored: list[str] | None = None) -> dict[str, Any]:
+    """Keywords for `shardscope.setup` from a flags string; a bad flag raises ShardscopeError. With an
+    `ignored` list, an unknown flag (and its value, if the next word is not a flag) is put there instead:
+    a measured run's description may state settings this version does not model."""
     known = plan_flag_types() | CLUSTER_FLAGS | ALIASES
     try:
         words = shlex.split(text or "")
@@ -46,6 +48,11 @@ def parse_flags(text: str) -> dict[str, Any]:
         name, _, inline = word[2:].partition("=")
         negated = name.startswith("no-") and name[3:] in known and known[name[3:]][1] is bool
         key, kind = known.get(name[3:] if negated else name, (None, None))
+        if key is None and ignored is not None:
+            takes_value = not inline and i + 1 < len(words) and not words[i + 1].startswith("--")
+            ignored.extend(words[i : i + 1 + takes_value])
+            i += 1 + takes_value
+            continue
         if key is None:
             raise ShardscopeError(f"flags: unknown --{name}; choose from --{', --'.join(sorted(known))}")
         if kind is bool:

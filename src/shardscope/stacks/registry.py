@@ -28,6 +28,14 @@ STACK_KEYS = (*PLAN_KEYS, "sharding", "flops_attention", "flops_exact_glu_window
 SHARDINGS = ("ddp", "zero1", "fsdp")
 # The stack of a run that names none: Megatron-Core with Transformer Engine, as its examples run it.
 DEFAULT_STACK = "megatron"
+# Other names users give the same software
+ALIASES = {
+    "megatron-lm": "megatron", "megatron-core": "megatron", "mcore": "megatron",
+    "megatron-bridge": "nemo", "nemo2": "nemo", "nemo-2": "nemo",
+    "automodel": "nemo-automodel", "nemo_automodel": "nemo-automodel",
+    "llmfoundry": "llm-foundry", "llm_foundry": "llm-foundry", "composer": "llm-foundry",
+    "megatron-deepspeed": "deepspeed", "transformers": "hf", "huggingface": "hf", "accelerate": "hf",
+}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +135,9 @@ def _nearest(release: str, known: list[str]) -> str:
 @cache
 def load_stack(spec: str = DEFAULT_STACK) -> Stack:
     """`NAME` or `NAME@RELEASE` (`nemo@25.04`, `megatron@2021`), resolved against the stack files."""
-    name, _, release = (spec or DEFAULT_STACK).strip().partition("@")
+    name, _, release = (spec or DEFAULT_STACK).strip().lower().partition("@")
+    name = ALIASES.get(name, name)
+    release = release.strip().removeprefix("v")
     files = _stack_files()
     if name not in files:
         raise ShardscopeError(f"unknown stack {name!r}; choose one of {', '.join(sorted(files))}")
@@ -136,6 +146,8 @@ def load_stack(spec: str = DEFAULT_STACK) -> Stack:
     warnings: list[str] = []
     if not release:
         release = str(data.get("default_release", ""))
+    elif known and release not in known and _version(release) in {_version(r) + (0,) for r in known}:
+        release = next(r for r in known if _version(r) + (0,) == _version(release))  # "0.2.0" is 0.2
     elif known and release not in known:
         nearest = _nearest(release, known)
         warnings.append(f"{name}@{release} is not a known release; using the nearest, {name}@{nearest}")

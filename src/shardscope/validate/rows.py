@@ -51,15 +51,18 @@ def _int(row: dict[str, str], key: str, default: int | None = None) -> int:
     return int(float(value))
 
 
+def _squeezed(name: str) -> str:
+    """A model name without case, separators or a text-to-video tag: "Llama-3.1-8B", "llama3.1_8b" and
+    "llama3.1-8b" read alike, and "wan2.1_14b" as "wan2.1-t2v-14b"."""
+    return re.sub(r"[^a-z0-9.]", "", name.lower()).replace("t2v", "")
+
+
 def _catalog_name(model: str) -> str | None:
-    """The catalog config a row's model names ("qwen3_30b_a3b" -> "qwen3-30b-a3b", "wan2.1_14b" ->
-    "wan2.1-t2v-14b"), or None."""
+    """The catalog config a row's model names, or None."""
     from shardscope.models.catalog import list_models
 
-    names = list_models()
-    key = model.lower().replace("_", "-")
-    candidates = [key, key.replace("-14b", "-t2v-14b"), key.replace("-1.3b", "-t2v-1.3b")]
-    return next((c for c in candidates if c in names), None)
+    key = _squeezed(model)
+    return next((name for name in list_models() if _squeezed(name) == key), None)
 
 
 def _catalog_model(row: dict[str, str], name: str) -> ModelSpec:
@@ -163,7 +166,11 @@ def recompute_of(cell: str) -> tuple[str, int, str | None]:
 def case_from_row(row: dict[str, str]) -> RowCase:
     try:
         stack = load_stack((row.get("stack") or "").strip())
-        flags = parse_flags(row.get("flags") or "")
+    except ShardscopeError as exc:
+        raise SkipRow(str(exc)) from None
+    ignored: list[str] = []
+    try:
+        flags = parse_flags(row.get("flags") or "", ignored)
     except ShardscopeError as exc:
         raise SkipRow(str(exc)) from None
     model, warnings = model_from_row(row)
@@ -199,7 +206,8 @@ def case_from_row(row: dict[str, str]) -> RowCase:
         raise SkipRow(f"plan rejected: {exc}") from None
     if not policy:
         plan = _least_recompute_that_fits(model, cluster, plan, floor=plan.recompute)
-    return RowCase(model, cluster, plan, stack, warnings + stack.warnings)
+    ignored_note = (f"flags not modelled, ignored: {' '.join(ignored)}",) if ignored else ()
+    return RowCase(model, cluster, plan, stack, warnings + stack.warnings + ignored_note)
 
 
 def _least_recompute_that_fits(model: ModelSpec, cluster: Cluster, plan: Plan, floor: Recompute = "none") -> Plan:

@@ -38,6 +38,7 @@ class RowResult:
     fits: bool
     required_gib: float
     capacity_gib: float
+    warnings: tuple[str, ...] = ()  # a model built from the columns, a nearest release, flags ignored
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +157,7 @@ def predict_row(row: dict[str, str]) -> RowResult:
         fits=est.fits,
         required_gib=est.memory.required_gib,
         capacity_gib=est.memory.capacity_gib,
+        warnings=case.warnings,
     )
 
 
