@@ -78,6 +78,11 @@ def resolve_model_name(name: str) -> str:
 
 
 @cache
+def _catalog_names() -> frozenset[str]:
+    return frozenset(list_models())
+
+
+@cache
 def _load_catalog_model(name: str) -> ModelSpec:
     spec = model_from_hf_config(catalog_config(name), name=name)
     src = catalog_sources().get(name, {})
@@ -86,6 +91,8 @@ def _load_catalog_model(name: str) -> ModelSpec:
 
 def load_model(name_or_path: str | Path) -> ModelSpec:
     """A catalog name (`llama3.1-70b`) or a path to an HF `config.json`."""
+    if isinstance(name_or_path, str) and name_or_path in _catalog_names():
+        return _load_catalog_model(name_or_path)
     path = Path(name_or_path)
     if path.suffix == ".json" or path.is_file() or path.is_dir():
         if path.is_dir():

@@ -6,7 +6,7 @@ contiguous GPUs (inside a node when tp <= gpus_per_node) and PP stages are the o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -380,13 +380,17 @@ def option_flag(f: Any) -> str:
     return "--" + (f.metadata.get("flag") or f.name).replace("_", "-")
 
 
+@lru_cache(maxsize=1)
+def _choice_fields() -> tuple[tuple[str, str, tuple], ...]:
+    return tuple((f.name, option_flag(f), f.metadata["choices"]) for f in fields(Plan) if f.metadata.get("choices"))
+
+
 def check_choices(plan: Plan) -> None:
     """Every field with `choices` holds one of them (the error names the flag and the choices)."""
-    for f in fields(Plan):
-        choices = f.metadata.get("choices")
-        if choices and getattr(plan, f.name) not in choices:
+    for name, flag, choices in _choice_fields():
+        if getattr(plan, name) not in choices:
             valid = ", ".join(str(c) for c in choices)
-            raise ShardscopeError(f"{option_flag(f)} must be one of {valid}, got {getattr(plan, f.name)!r}")
+            raise ShardscopeError(f"{flag} must be one of {valid}, got {getattr(plan, name)!r}")
 
 
 def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
@@ -401,16 +405,14 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
     dp = kw.pop("dp", 0) or 0
     if model.dit is not None:
         kw["causal"] = False  # diffusion transformers attend over the whole clip
-    plan = Plan(**kw)
-    check_choices(plan)
     for name in ("tp", "pp", "vpp", "cp", "micro_batch", "global_batch", "seq_len"):
-        _positive(f"--{name.replace('_', '-')}", getattr(plan, name))
-    model_par = plan.tp * plan.pp * plan.cp
+        _positive(f"--{name.replace('_', '-')}", kw.get(name, 1))
+    model_par = kw.get("tp", 1) * kw.get("pp", 1) * kw.get("cp", 1)
     if cluster.gpus % model_par:
         raise ShardscopeError(f"--gpus {cluster.gpus} is not divisible by tp·pp·cp = {model_par}")
-    if not dp:
-        dp = cluster.gpus // model_par
-    plan = replace(plan, dp=dp)
+    plan = Plan(**kw, dp=dp or cluster.gpus // model_par)
+    check_choices(plan)
+    dp = plan.dp
     if plan.gpus != cluster.gpus:
         raise ShardscopeError(
             f"tp·pp·cp·dp = {plan.tp}·{plan.pp}·{plan.cp}·{dp} = {plan.gpus} does not equal --gpus {cluster.gpus}"
