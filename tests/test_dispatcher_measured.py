@@ -13,7 +13,7 @@ import dataclasses
 
 import pytest
 
-from shardscope.analytic.step import estimate_step, place_groups
+from shardscope.analytic.step import estimate_step
 from shardscope.costs.comm import collective_time_s
 from shardscope.costs.compute import op_time_s
 from shardscope.graph.build import build_stage_graph
@@ -21,6 +21,7 @@ from shardscope.hardware.catalog import make_cluster
 from shardscope.models.catalog import load_model
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import make_plan
+from shardscope.step.core import place_groups
 
 EPS = (8, 16, 32, 64)
 # (gpu, dispatcher, step): microseconds at EP 8, 16, 32, 64
@@ -101,8 +102,8 @@ HYBRIDEP_KERNEL_GBPS = {  # (gpu, ranks): (dispatch, combine)
 
 def _hybridep_errors() -> dict[tuple[str, int, str], float]:
     from shardscope.costs.comm import place_group
-    from shardscope.costs.routing import bin_hit_probability
     from shardscope.graph.ops import TokenFanout
+    from shardscope.graph.routing import bin_hit_probability
 
     tokens, hidden, top_k, local = 4096, 7168, 8, 8
     errors = {}

@@ -93,7 +93,7 @@ def test_fp8_parameters_drop_the_bf16_weights():
 def test_fp8_parameter_gather_width(recipe: str, zero: int, width: int):
     """Per-tensor FP8 parameters are all-gathered as FP8 bytes; MXFP8 ones under Megatron's distributed
     optimizer are gathered in BF16 into the reused gradient buffer (`reuse_grad_buf_for_mxfp8_param_ag`)."""
-    from shardscope.analytic.step import step_costs
+    from shardscope.step.core import step_costs
 
     m = load_model("llama3.1-8b")
     c = make_cluster("B200", 16)

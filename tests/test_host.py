@@ -9,7 +9,6 @@ import pytest
 from published_runs import published_case  # tests/ is on the path (conftest)
 
 import shardscope
-from shardscope.analytic.caveats import EAGER_FLAT_MOE
 from shardscope.costs.compute import group_times_s
 from shardscope.costs.efficiency import overlap_slowdown
 from shardscope.costs.host import (
@@ -32,6 +31,7 @@ from shardscope.graph.ops import Collective, Op
 from shardscope.hardware.catalog import load_gpu, make_cluster
 from shardscope.models.catalog import load_model
 from shardscope.plan.plan import Plan, make_plan
+from shardscope.step.caveats import EAGER_FLAT_MOE
 
 QWEN3_30B = dict(gpu="B200", gpus=8, ep=8, global_batch=64, seq_len=4096, precision="fp8", fp8_recipe="mxfp8")
 

@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardscope
-from shardscope.costs.routing import (
+from shardscope.graph.build import build_stage_graph
+from shardscope.graph.ops import TokenFanout
+from shardscope.graph.routing import (
     bin_hit_probability,
     expected_max_normal,
     expected_pad_rows,
@@ -19,8 +21,6 @@ from shardscope.costs.routing import (
     routing_load,
     sampling_excess,
 )
-from shardscope.graph.build import build_stage_graph
-from shardscope.graph.ops import TokenFanout
 from shardscope.hardware.catalog import make_cluster
 from shardscope.models.catalog import load_model
 from shardscope.models.spec import LayerKind
@@ -406,7 +406,7 @@ def test_keys_per_query_brute_force(kind, window, s):
 
 def test_all_to_all_volume_for_balanced_routing():
     """Flat dispatch sends every token-expert pair's bf16 row; the busiest rank receives the mean times
-    its load factor (`costs.routing`); with a capacity cap there is no sampling excess and the volume is
+    its load factor (`graph.routing`); with a capacity cap there is no sampling excess and the volume is
     exactly the mean."""
     for kw, load in ((dict(), None), (dict(capacity_factor=1.0), 1.0)):
         m, plan, g = _graph("qwen3-30b-a3b", gpus=8, ep=8, **kw)
@@ -604,9 +604,9 @@ def test_ep_overlap_pairs_each_all_to_all_with_one_block():
     """Under the combined-1F1B overlap each all-to-all hides only under its paired block of the other
     micro-batch (forward dispatch under backward MLP, ...), and only the measured share of its time
     (`EP_OVERLAP_FRACTION`): what exceeds either stays exposed."""
-    from shardscope.analytic.step import _block_times, _compute_cost, paired_share, place_groups
     from shardscope.costs.comm import collective_time_s
     from shardscope.costs.efficiency import EP_OVERLAP_FRACTION
+    from shardscope.step.core import _block_times, _compute_cost, paired_share, place_groups
 
     m = load_model("qwen3-30b-a3b")
     cluster = make_cluster("H100", 128)  # EP 128 over 16 nodes: the all-to-alls cross InfiniBand
@@ -628,7 +628,7 @@ def test_ep_overlap_pairs_each_all_to_all_with_one_block():
         exposed[c.phase] += t - hidden
         capped += hidden < share * t
     assert capped > 0  # this case is communication-bound: some blocks are too short to hide their share
-    from shardscope.analytic.step import step_costs
+    from shardscope.step.core import step_costs
 
     sc = step_costs(m, cluster, plan)
     cost = sc.layers[graph.kinds[0]]
@@ -644,7 +644,7 @@ def test_ep_overlap_leaves_the_unpaired_micro_batches_exposed():
     the first forward and the last backward run alone, so with 5 micro-batches a fifth of the all-to-alls
     has nothing to hide under; an interleaved pipeline's warm-up forwards (and cool-down backwards) are
     alone too. More micro-batches per step leave fewer alone, so less of the all-to-all is exposed."""
-    from shardscope.analytic.step import paired_share, stage_cost, step_costs
+    from shardscope.step.core import paired_share, stage_cost, step_costs
 
     m = load_model("qwen3-30b-a3b")
     cluster = make_cluster("H100", 16)
@@ -685,8 +685,8 @@ def test_grouped_gemm_pads_each_expert_to_whole_tiles():
 def test_mtp_modules_shard_their_experts_over_ep_and_cost_the_last_stage():
     """DeepSeek-V3's MTP module is one more MoE block: its routed experts split over EP like any other
     layer's, its parameters add up to `params_mtp`, and its block + output layer run on the last stage."""
-    from shardscope.analytic.step import stage_cost, step_costs
     from shardscope.costs.memory import mtp_params_local, rank_params_local
+    from shardscope.step.core import stage_cost, step_costs
 
     m = load_model("deepseek-v3")
     cluster = make_cluster("H100", 1024)
@@ -716,11 +716,11 @@ def test_mtp_module_in_a_chunk_of_its_own():
     rank, while its output layer stays with the loss; nothing is lost or counted twice."""
     from dataclasses import replace
 
-    from shardscope.analytic.step import stage_cost, step_costs
     from shardscope.costs.memory import mtp_params_local, rank_params_local
     from shardscope.plan.layout import format_pp_layout, read_pp_layout
     from shardscope.planner.export import to_megatron
     from shardscope.sim.step import simulate_step
+    from shardscope.step.core import stage_cost, step_costs
 
     layout = "Et*3|(tt|)*29m|L"
     assert read_pp_layout(layout) == ((3,) + (2,) * 29 + (0, 0), 30)
@@ -809,8 +809,8 @@ def test_layout_and_mtp_export_to_megatron_arguments():
 def test_megatron_recompute_modules_drop_what_they_rebuild():
     """`--recompute-modules` keeps what "none" keeps minus each module's tensors: mla_up_proj rebuilds MLA's
     q, k, v from the latents, layernorm the two norm outputs, moe_act the expert activation's outputs."""
-    from shardscope.analytic.step import step_costs
     from shardscope.errors import ShardscopeError
+    from shardscope.step.core import step_costs
 
     m = load_model("deepseek-v3")
     cluster = make_cluster("B200", 256)

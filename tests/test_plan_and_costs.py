@@ -145,9 +145,9 @@ def test_precision_aware_optimizer_state_bytes():
     """Megatron's precision-aware optimizer: bf16 Adam moments take the sharded state from 12 to 8 bytes
     per parameter ("6 + 12/d to 6 + 8/d", Megatron-Core MoE report §4.1.6), a bf16 main_grad buffer the
     gradients from 4 to 2; the Megatron export names both."""
-    from shardscope.analytic.step import optimizer_bytes_per_param
     from shardscope.costs.memory import model_state_bytes
     from shardscope.planner.export import to_megatron
+    from shardscope.step.core import optimizer_bytes_per_param
 
     model = load_model("llama3-8b")
     cluster = make_cluster("H100", 64)

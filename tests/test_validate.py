@@ -11,9 +11,9 @@ import pytest
 from published_runs import PUBLISHED_DENSE_RUNS, PUBLISHED_MOE_RUNS, published_case  # tests/ is on the path (conftest)
 from typer.testing import CliRunner
 
-from shardscope.analytic.caveats import EAGER_FLAT_MOE, EAGER_FLEX_MOE, GRAPHED_MOE
 from shardscope.cli import app
 from shardscope.graph.build import build_stage_graph
+from shardscope.step.caveats import EAGER_FLAT_MOE, EAGER_FLEX_MOE, GRAPHED_MOE
 from shardscope.validate.runner import read_rows, run_validation, spearman
 
 

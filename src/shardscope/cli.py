@@ -194,38 +194,42 @@ def plan(
     as_json: AsJson = False,
 ) -> None:
     """Search every valid plan, prune by memory, rank by throughput (or memory / cost)."""
-    from shardscope.planner.runner import run_plan_command
+    options = {k: v for k, v in locals().items() if k not in ("as_json", "output", "price_per_gpu_hour")}
+    from shardscope.planner.runner import plan_document, plan_search
 
     try:
-        run_plan_command(
-            model=model,
-            gpu=gpu,
-            gpus=gpus,
-            gpus_per_node=gpus_per_node,
-            seq_len=seq_len,
-            global_batch=global_batch,
-            video=video,
-            precision=precision,
-            objective=objective,
-            top=top,
-            tokens=tokens,
-            price_per_gpu_hour=price_per_gpu_hour,
-            export=export,
-            output=output,
-            workers=workers,
-            executor=executor,
-            as_json=as_json,
-            cuda_graphs=cuda_graphs,
-            fused_activation=fused_activation,
-            fused_cross_entropy=fused_cross_entropy,
-            ep_dispatch=ep_dispatch,
-            ep_comm_overlap=ep_comm_overlap,
-            fp8_recipe=fp8_recipe,
-            stack=stack,
-            power_limit=power_limit,
-        )
+        if output is not None:
+            _check_output_path(output)
+        if as_json:
+            outcome = plan_search(**options)
+        else:
+            from rich.progress import Progress
+
+            with Progress(transient=True) as bar:
+                task = bar.add_task(f"searching plans for {model} on {gpus}× {gpu}", total=None)
+                outcome = plan_search(**options, progress=lambda n, total: bar.update(task, completed=n, total=total))
+        if outcome.export_text is not None and output is not None:
+            output.write_text(outcome.export_text)
     except ShardscopeError as exc:
         _fail(str(exc))
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(plan_document(outcome, objective, price_per_gpu_hour), indent=2) + "\n")
+    elif outcome.export_text is not None and output is None:
+        sys.stdout.write(outcome.export_text)
+    else:
+        from shardscope.report.console import print_plans
+
+        best = outcome.best
+        print_plans(outcome.spec.name, outcome.cluster, outcome.result, best, outcome.tokens, price_per_gpu_hour)
+
+
+def _check_output_path(path: Path) -> None:
+    """An output file must be writable before any work starts: its folder exists and it is no folder."""
+    if path.is_dir():
+        raise ShardscopeError(f"{path} is a folder; give a file name")
+    if not path.parent.exists():
+        raise ShardscopeError(f"{path.parent} does not exist; create it or write elsewhere")
 
 
 @app.command()

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from shardscope.costs.routing import bin_hit_probability
 from shardscope.graph.ops import TokenFanout
+from shardscope.graph.routing import bin_hit_probability
 from shardscope.hardware.catalog import Cluster
 
 SCALEUP_EFFICIENCY = 0.80

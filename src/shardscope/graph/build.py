@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 
-from shardscope.costs.routing import RoutingLoad, routing_load
 from shardscope.graph.attention import attention_group
 from shardscope.graph.common import ALL, BF16, FP32, NOT_FULL, OpGroup, Shapes, gemm, norm, scoped
 from shardscope.graph.dit import dit_block_group, dit_embedding_group, dit_head_group
@@ -24,6 +23,7 @@ from shardscope.graph.eager import as_the_stack_runs
 from shardscope.graph.fp8 import quantization_bytes
 from shardscope.graph.mlp import dense_mlp_group, moe_group
 from shardscope.graph.ops import Collective, Op, Saved
+from shardscope.graph.routing import RoutingLoad, routing_load
 from shardscope.models.spec import LayerKind, ModelSpec
 from shardscope.plan.plan import Plan
 

@@ -16,11 +16,6 @@ NOT_FULL = frozenset({"none", "selective"})
 NONE_ONLY = frozenset({"none"})
 SELECTIVE_ONLY = frozenset({"selective"})
 
-# Megatron-Core `--recompute-modules` (selective granularity): each re-runs its ops in backward instead of
-# keeping what they save. layernorm: the input and pre-MLP norms; mla_up_proj: MLA up-projections + RoPE
-# (q, k, v are rebuilt from the latents); core_attn: the attention kernel; moe_act / mlp / moe /
-# shared_experts: the routed experts' activation, a dense MLP, a whole MoE block, the shared experts.
-MEGATRON_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe", "shared_experts")
 
 BF16 = 2  # bytes per activation element in bf16/fp16 mixed precision
 FP32 = 4

@@ -5,7 +5,7 @@ MoE (Megatron-Core token dispatcher; Fedus et al. 2021 for capacity): each GPU r
 (each rank holds experts/ep of them, split `etp` ways), runs the local experts as one grouped GEMM,
 all-to-alls the outputs back and un-permutes them with the routing weights. Shared experts run as a
 dense TP-parallel MLP beside it. The hottest EP rank receives `load` times the mean number of tokens;
-it sets the layer's time and activation peak (see `costs.routing`).
+it sets the layer's time and activation peak (see `graph.routing`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from shardscope.costs.routing import bin_hit_probability, expected_pad_rows
 from shardscope.graph.common import (
     BF16,
     FP32,
@@ -30,6 +29,7 @@ from shardscope.graph.common import (
     tp_collectives,
 )
 from shardscope.graph.ops import Collective, CollectiveKind, HiddenBy, Op, Phase, Saved, TokenFanout
+from shardscope.graph.routing import bin_hit_probability, expected_pad_rows
 from shardscope.models.spec import ModelSpec, MoESpec
 from shardscope.plan.plan import Plan
 

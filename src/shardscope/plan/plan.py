@@ -28,6 +28,11 @@ CUDA_GRAPH_SCOPES: tuple[str, ...] = ("attn", "mlp", "moe_router", "moe_preproce
 MOMENT_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}  # each of Adam's m, v per parameter
 MAIN_GRAD_BYTES = {"fp32": 4, "bf16": 2}
 EP_DISPATCHERS = ("flat", "deepep", "hybridep")
+# Megatron-Core `--recompute-modules` (selective granularity): each re-runs its ops in backward instead of
+# keeping what they save. layernorm: the input and pre-MLP norms; mla_up_proj: MLA up-projections + RoPE
+# (q, k, v are rebuilt from the latents); core_attn: the attention kernel; moe_act / mlp / moe /
+# shared_experts: the routed experts' activation, a dense MLP, a whole MoE block, the shared experts.
+MEGATRON_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe", "shared_experts")
 
 
 # The plan's sections: each Plan field belongs to one (`opt(section=...)`), and the CLI, the API, the
@@ -445,8 +450,6 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
     if plan.shard_group and (plan.shard_group <= 0 or (dp * plan.cp) % plan.shard_group):
         raise ShardscopeError(f"--shard-group {plan.shard_group} must divide dp·cp = {dp * plan.cp}")
     if plan.recompute_modules:
-        from shardscope.graph.common import MEGATRON_MODULES
-
         unknown = sorted(set(plan.recompute_modules) - set(MEGATRON_MODULES))
         if unknown:
             raise ShardscopeError(

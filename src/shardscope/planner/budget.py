@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from shardscope.analytic.step import estimate_step, step_costs
+from shardscope.analytic.step import estimate_step
 from shardscope.costs.comm import collective_time_s
 from shardscope.costs.compute import group_times_s
 from shardscope.costs.memory import GIB, inflight_chunks
@@ -27,6 +27,7 @@ from shardscope.graph.common import BF16
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan
+from shardscope.step.core import step_costs
 
 # Saved tensors grouped by the module whose forward must re-run to rebuild them, with that module's ops.
 SAC_MODULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 from shardscope.analytic.step import estimate_step
 from shardscope.costs.compute import group_times_s
 from shardscope.errors import ShardscopeError
-from shardscope.graph.common import MEGATRON_MODULES, OpGroup
+from shardscope.graph.common import OpGroup
 from shardscope.graph.ops import Saved
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import LayerKind, ModelSpec
-from shardscope.plan.plan import Plan, layers_by_rank
+from shardscope.plan.plan import MEGATRON_MODULES, Plan, layers_by_rank
 from shardscope.records import evolve
 
 if TYPE_CHECKING:

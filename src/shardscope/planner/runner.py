@@ -1,11 +1,9 @@
-"""The `shardscope plan` command: search, show, cost and export."""
+"""The `shardscope plan` and `report` searches: set-up, search, cost and export, returned as data."""
 
 from __future__ import annotations
 
-import json
-import sys
-from dataclasses import asdict, fields
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
 
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster, make_cluster
@@ -103,7 +101,19 @@ def search_setup(
     return spec, cluster, seq_len, space
 
 
-def run_plan_command(
+@dataclass(frozen=True, slots=True)
+class PlanOutcome:
+    """What `shardscope plan` found: the best `top` plans, and the best one exported where asked."""
+
+    spec: ModelSpec
+    cluster: Cluster
+    result: SearchResult
+    best: list[Candidate]
+    tokens: float | None  # the token budget to train, for time and cost
+    export_text: str | None
+
+
+def plan_search(
     *,
     model: str,
     gpu: str,
@@ -116,12 +126,10 @@ def run_plan_command(
     objective: str,
     top: int,
     tokens: str | None,
-    price_per_gpu_hour: float | None,
     export: str | None,
-    output: Path | None,
     workers: int,
     executor: str,
-    as_json: bool,
+    progress: Callable[[int, int], None] | None = None,
     cuda_graphs: str | None = None,
     fused_activation: bool | None = None,
     fused_cross_entropy: bool | None = None,
@@ -130,7 +138,8 @@ def run_plan_command(
     fp8_recipe: str | None = None,
     stack: str | None = None,
     power_limit: float | None = None,
-) -> SearchResult:
+) -> PlanOutcome:
+    """Search the plans of `plan`/`--export`: data only, the CLI shows it."""
     if export is not None and export not in FORMATS:
         raise ShardscopeError(f"--export must be one of {', '.join(FORMATS)}, got {export!r}")
     if export is not None and stack is None:
@@ -139,49 +148,25 @@ def run_plan_command(
     if top <= 0 or global_batch <= 0 or seq_len <= 0:
         raise ShardscopeError("--top, --global-batch and --seq-len must be positive")
     n_tokens = parse_tokens(tokens) if tokens else None
-    if as_json:
-        result = search(spec, cluster, global_batch, seq_len, objective, space, workers, executor)
-    else:
-        from rich.progress import Progress
-
-        with Progress(transient=True) as bar:
-            task = bar.add_task(f"searching plans for {spec.name} on {gpus}× {cluster.gpu.name}", total=None)
-            result = search(
-                spec,
-                cluster,
-                global_batch,
-                seq_len,
-                objective,
-                space,
-                workers,
-                executor,
-                progress=lambda done, total: bar.update(task, completed=done, total=total),
-            )
+    result = search(spec, cluster, global_batch, seq_len, objective, space, workers, executor, progress=progress)
     if not result.candidates:
         raise ShardscopeError(
             f"no plan of {spec.name} fits {gpus}× {cluster.gpu.name} ({cluster.gpu.hbm_gib:g} GiB) at global batch "
             f"{global_batch} × {seq_len} tokens; try more GPUs or a smaller batch"
         )
     best = result.candidates[:top]
-    if export:
-        text = export_plan(export, spec, best[0].plan)
-        if output:
-            Path(output).write_text(text)
-        elif not as_json:
-            sys.stdout.write(text)
-    if as_json:
-        doc = {
-            "model": spec.name,
-            "gpu": cluster.gpu.name,
-            "gpus": gpus,
-            "objective": objective,
-            "structures_searched": result.structures,
-            "feasible": result.evaluated,
-            "plans": [candidate_json(c, n_tokens, price_per_gpu_hour) for c in best],
-        }
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-    elif not (export and not output):
-        from shardscope.report.console import print_plans
+    text = export_plan(export, spec, best[0].plan) if export else None
+    return PlanOutcome(spec, cluster, result, best, n_tokens, text)
 
-        print_plans(spec.name, cluster, result, best, n_tokens, price_per_gpu_hour)
-    return result
+
+def plan_document(outcome: PlanOutcome, objective: str, price: float | None) -> dict:
+    """The `plan --json` document."""
+    return {
+        "model": outcome.spec.name,
+        "gpu": outcome.cluster.gpu.name,
+        "gpus": outcome.cluster.gpus,
+        "objective": objective,
+        "structures_searched": outcome.result.structures,
+        "feasible": outcome.result.evaluated,
+        "plans": [candidate_json(c, outcome.tokens, price) for c in outcome.best],
+    }

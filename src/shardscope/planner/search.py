@@ -18,15 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shardscope.analytic.step import (
-    RankMemory,
-    estimate_step,
-    fixed_rank_memory,
-    place_groups,
-    rank_memory,
-    stage_cost,
-    step_costs,
-)
+from shardscope.analytic.step import estimate_step
 from shardscope.costs.comm import deepep_beyond_nvlink_peers
 from shardscope.costs.memory import GIB, StateBytes, activation_bytes
 from shardscope.errors import ShardscopeError
@@ -37,6 +29,7 @@ from shardscope.planner.modules import layers_forward_s, memory_ranks, module_fr
 from shardscope.planner.space import AUTO_EP_DISPATCHES, RECOMPUTE_LEVELS, SearchSpace, structures
 from shardscope.records import evolve
 from shardscope.result import Estimate
+from shardscope.step.core import RankMemory, fixed_rank_memory, place_groups, rank_memory, stage_cost, step_costs
 
 if TYPE_CHECKING:
     from shardscope.graph.build import StageGraph

@@ -12,12 +12,12 @@ import html
 import json
 from pathlib import Path
 
-from shardscope.analytic.step import rank_memory, step_costs
 from shardscope.costs.memory import GIB
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
 from shardscope.planner.search import Candidate, SearchResult
 from shardscope.sim.step import SimResult
+from shardscope.step.core import rank_memory, step_costs
 
 
 def _label(c: Candidate) -> str:

@@ -1,6 +1,6 @@
 """Simulate one optimizer step: pipeline schedule × per-layer costs from the op graph → timeline.
 
-The simulator shares every per-layer cost with the analytic path (`analytic.step.step_costs`): the
+The simulator shares every per-layer cost with the analytic path (`step.core.step_costs`): the
 two differ only in how the pipeline is scheduled (the analytic path's closed-form bubble versus the
 list-scheduled orders here), so where both apply they agree to within the bubble approximation.
 Data-parallel ranks, tensor-parallel ranks and context-parallel ranks of a stage do the same work, so one
@@ -8,7 +8,7 @@ representative rank per pipeline stage is simulated.
 
 Overlap rules (documented options with defaults):
   * FSDP/ZeRO-3 all-gathers are prefetched one layer ahead and reduce-scatters overlap the next layer's
-    backward (`analytic.step._layer_cost`); a gather longer than the layer it hides under is exposed.
+    backward (`step.core._layer_cost`); a gather longer than the layer it hides under is exposed.
   * DP gradient buckets overlap the last micro-batch's backward; ZeRO-1/2 weight gathers overlap the
     first forward (Megatron overlap_grad_reduce / overlap_param_gather).
   * TP collectives are exposed unless `tp_comm_overlap`; CP ring transfers hide under attention; EP
@@ -21,7 +21,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from shardscope.analytic.step import (
+from shardscope.costs.compute import group_times_s
+from shardscope.costs.memory import layers_saved_bytes, mtp_heads, mtp_saved_bytes
+from shardscope.hardware.catalog import Cluster
+from shardscope.models.spec import ModelSpec
+from shardscope.plan.plan import Plan, chunk_sizes
+from shardscope.result import Estimate, TimeBreakdown
+from shardscope.sim.engine import Layout, Timed, run_schedule
+from shardscope.sim.schedules import build_schedule, chunks_of_schedule
+from shardscope.step.core import (
     Stage,
     StepCosts,
     dp_comm,
@@ -35,14 +43,6 @@ from shardscope.analytic.step import (
     stage_cost,
     step_costs,
 )
-from shardscope.costs.compute import group_times_s
-from shardscope.costs.memory import layers_saved_bytes, mtp_heads, mtp_saved_bytes
-from shardscope.hardware.catalog import Cluster
-from shardscope.models.spec import ModelSpec
-from shardscope.plan.plan import Plan, chunk_sizes
-from shardscope.result import Estimate, TimeBreakdown
-from shardscope.sim.engine import Layout, Timed, run_schedule
-from shardscope.sim.schedules import build_schedule, chunks_of_schedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +80,6 @@ class SimResult:
     optimizer_s: float
     memory_series: list[list[tuple[float, float]]]  # per rank: (time, allocated bytes)
     slowdown: list[float]  # straggler factor per rank
-    analytic_step_s: float
     layer_detail: dict[int, LayerDetail]  # per layer: times for drawing the trace
 
 
@@ -172,8 +171,6 @@ def simulate_step(
     straggler_fraction: float = 0.0,
     straggler_slowdown: float = 1.0,
 ) -> SimResult:
-    from shardscope.analytic.step import estimate_step
-
     name = schedule or default_schedule(plan)
     sc = step_costs(model, cluster, plan)
     layout, chunk_layers, chunk_rank = _layout(name, plan, model.layers)
@@ -280,18 +277,17 @@ def simulate_step(
     compute_s = busy - comm_busy
     exposed = comm_busy + gather + grad_tail[crit]
     bubble = step - compute_s - exposed - optimizer_s
-    analytic = estimate_step(model, cluster, plan)
+    crit_dp = dps[crit]
     time = TimeBreakdown(
         compute_s=compute_s,
         exposed_comm_s=exposed,
         bubble_s=bubble,
         optimizer_s=optimizer_s,
         recompute_s=m * st.recompute * slowdown[crit],
-        comm_total_s=analytic.time.comm_total_s,
+        comm_total_s=m * (st.exposed + st.hidden) + crit_dp.total_s,
         host_stall_s=m * st.host_stall * slowdown[crit],
         detail={
             "schedule": float(["gpipe", "1f1b", "interleaved", "zb-h1", "dualpipe"].index(name)),
-            "analytic_step_s": analytic.step_time_s,
             "straggler_stage_slowdown": slowdown[0],
             "critical_stage": float(crit),
         },
@@ -309,7 +305,6 @@ def simulate_step(
         optimizer_s,
         series,
         slowdown,
-        analytic.step_time_s,
         _layer_detail(model, cluster, plan, sc),
     )
 

@@ -1,0 +1,652 @@
+"""The step costs both engines read: per layer, per pipeline stage and per micro-batch, from the op
+graph's costs; data-parallel communication, the optimizer, memory per rank and the typed result.
+
+The analytic engine (`analytic.step`) sums them in closed form; the simulator (`sim.step`) orders them in
+time over per-rank streams.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+from shardscope.costs.comm import GroupPlacement, collective_time_s, place_group
+from shardscope.costs.compute import group_times_s, memory_time_s
+from shardscope.costs.efficiency import EP_OVERLAP_FRACTION, overlap_slowdown
+from shardscope.costs.host import host_stall_s, moe_graphed
+from shardscope.costs.memory import (
+    CONTEXT_BYTES,
+    FRAGMENTATION,
+    GIB,
+    StateBytes,
+    activation_bytes,
+    buffer_bytes,
+    dense_params_local,
+    expert_params_local,
+    layers_saved_bytes,
+    mtp_heads,
+    rank_params_local,
+    rank_state_bytes,
+)
+from shardscope.costs.offload import cpu_optimizer_time_s, host_bytes_per_gpu, link_time_s
+from shardscope.graph.build import BF16, FP32, OpGroup, StageGraph, build_stage_graph
+from shardscope.graph.ops import Collective
+from shardscope.hardware.catalog import Cluster
+from shardscope.models.spec import LayerKind, ModelSpec
+from shardscope.plan.plan import Plan
+from shardscope.result import Estimate, MemoryBreakdown, ParamCounts, TimeBreakdown
+from shardscope.step.caveats import GRAPH_MEMORY_WARNING, eager_moe_warning
+
+GRAD_REDUCE_BYTES = FP32  # gradients are reduced in fp32 (Megatron bf16 default, FSDP reduce_dtype fp32)
+
+
+@dataclass(frozen=True, slots=True)
+class Groups:
+    tp: GroupPlacement
+    cp: GroupPlacement
+    dp: GroupPlacement  # data-parallel gradient group: dp·cp ranks (CP ranks hold the same weights)
+    pp: GroupPlacement
+    shard: GroupPlacement
+    replicate: GroupPlacement
+    ep: GroupPlacement
+    etp: GroupPlacement
+    edp: GroupPlacement
+
+
+def place_groups(cluster: Cluster, plan: Plan) -> Groups:
+    """Megatron rank order tp-cp-dp-pp (experts: etp-ep-edp): each group's stride is the product of the
+    inner sizes."""
+    shard = plan.shard_size
+    inner = plan.tp
+    return Groups(
+        tp=place_group(cluster, plan.tp, 1),
+        cp=place_group(cluster, plan.cp, inner),
+        dp=place_group(cluster, plan.dp * plan.cp, inner),
+        pp=place_group(cluster, plan.pp, plan.tp * plan.cp * plan.dp),
+        shard=place_group(cluster, shard, inner),
+        replicate=place_group(cluster, plan.dp * plan.cp // shard, inner * shard),
+        ep=place_group(cluster, plan.ep, plan.etp),
+        etp=place_group(cluster, plan.etp, 1),
+        edp=place_group(cluster, plan.expert_dp, plan.ep * plan.etp),
+    )
+
+
+@dataclass(slots=True)
+class PhaseCost:
+    """Compute and exposed communication of one unit (layer/embedding/head) in one phase."""
+
+    compute_s: float = 0.0
+    exposed_s: float = 0.0
+    hidden_s: float = 0.0  # communication that ran under compute (slows that compute)
+    gemm_s: float = 0.0
+    attention_s: float = 0.0
+    attn_block_s: float = 0.0  # compute of a layer's attention half (OpGroup.attn_ops)
+    host_stall_s: float = 0.0  # part of compute_s the GPU waits for the host to issue work (costs.host)
+    # each collective of the phase and its exposed part of exposed_s (where it runs: costs.host)
+    comms: list[tuple[Collective, float]] = field(default_factory=list)
+    paired_hidden_s: float = 0.0  # part of hidden_s under the other micro-batch's blocks (combined 1F1B)
+
+
+def _compute_cost(cluster: Cluster, plan: Plan, unit: OpGroup, backward: bool) -> PhaseCost:
+    """The compute half of a phase cost, on the GPU (communication is added by `_add_comms`, then the
+    wait for the host by `_add_host_stall`)."""
+    times = group_times_s(cluster.gpu, unit, plan)[backward]
+    gemm = sum(t for op, t in zip(unit.ops, times, strict=True) if op.kind == "gemm")
+    attention = sum(t for op, t in zip(unit.ops, times, strict=True) if op.kind == "attention")
+    return PhaseCost(sum(times), 0.0, 0.0, gemm, attention, sum(times[: unit.attn_ops]))
+
+
+def _add_host_stall(cluster: Cluster, plan: Plan, unit: OpGroup, backward: bool, cost: PhaseCost) -> PhaseCost:
+    """Add the time the GPU waits for the host to issue the phase's work (`costs.host`) to its compute."""
+    times = group_times_s(cluster.gpu, unit, plan)[backward]
+    cost.host_stall_s = host_stall_s(unit.ops, times, backward, plan, cost.comms)
+    cost.compute_s += cost.host_stall_s
+    return cost
+
+
+def _block_times(fwd: PhaseCost, bwd: PhaseCost) -> dict[str, float]:
+    """Compute time of the attention and MLP halves of a layer, forward and backward: the blocks another
+    micro-batch's all-to-alls hide under in the combined-1F1B schedule."""
+    return {
+        "fwd_attn": fwd.attn_block_s,
+        "fwd_mlp": fwd.compute_s - fwd.attn_block_s,
+        "bwd_attn": bwd.attn_block_s,
+        "bwd_mlp": bwd.compute_s - bwd.attn_block_s,
+    }
+
+
+def paired_share(plan: Plan) -> float:
+    """Share of a rank's forward (and backward) chunk runs that Megatron-Core's combined-1F1B schedule
+    pairs with the other direction: all but its warm-up forwards and cool-down backwards. Without a
+    pipeline one forward runs alone first and one backward last; an interleaved pipeline warms up with
+    (pp - r - 1)·2 + (vpp - 1)·pp chunk forwards on rank r (taken at the mean rank) of m·vpp."""
+    m = plan.grad_accum
+    if plan.pp == 1:
+        return (m - 1) / m
+    warmup = (plan.pp - 1) + (plan.vpp - 1) * plan.pp
+    return max(0.0, 1 - warmup / (m * plan.vpp))
+
+
+def _add_comms(
+    cluster: Cluster, groups: Groups, unit: OpGroup, phase: str, cost: PhaseCost, blocks: dict[str, float]
+) -> PhaseCost:
+    """Add the unit's collectives of `phase` to `cost`: each hides under what its `hidden_by` names (this
+    phase's compute, or one of the other micro-batch's `blocks`) as far as that budget lasts; an all-to-all
+    paired with another micro-batch's block hides only `EP_OVERLAP_FRACTION` of its time (and only in a
+    micro-batch that has a partner: `paired_share`)."""
+    budget = {"attention": cost.attention_s, "gemm": cost.gemm_s, "compute": cost.compute_s, **blocks}
+    for c in unit.comms:
+        if c.phase != phase:
+            continue
+        t = collective_time_s(cluster, c.kind, c.bytes, getattr(groups, c.group), c.fanout)
+        hidden = 0.0
+        if c.hidden_by:
+            paired = c.hidden_by in blocks
+            hidden = min((EP_OVERLAP_FRACTION if paired else 1.0) * t, budget[c.hidden_by])
+            budget[c.hidden_by] -= hidden
+            cost.paired_hidden_s += hidden if paired else 0.0
+        cost.hidden_s += hidden
+        cost.exposed_s += t - hidden
+        cost.comms.append((c, t - hidden))
+    return cost
+
+
+def _phase_cost(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, backward: bool) -> PhaseCost:
+    """Compute and communication of a unit that pairs with no other micro-batch (embedding, head).
+    Memoised on the unit: its op graph fixes every plan field this reads (its collectives run in the
+    tp/cp/ep groups, whose placement the graph's degrees fix)."""
+    phase = "bwd" if backward else "fwd"
+
+    def cost() -> PhaseCost:
+        comms = _add_comms(cluster, groups, unit, phase, _compute_cost(cluster, plan, unit, backward), {})
+        return _add_host_stall(cluster, plan, unit, backward, comms)
+
+    return unit.memoised(("phase", cluster, backward), cost)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCost:
+    """Per micro-batch costs of one layer kind on one GPU."""
+
+    fwd: PhaseCost
+    bwd: PhaseCost
+    recompute_s: float  # extra forward work in backward (compute only)
+    recompute_comm_s: float  # communication re-run by recompute (full: TP/CP/EP; a recomputed MoE block: EP)
+    fsdp_exposed_s: float
+    fsdp_hidden_s: float
+    fsdp_gather_s: float  # one all-gather of the layer (the first one of a step is never hidden)
+    wgrad_s: float = 0.0  # the weight-gradient half of the layer's GEMM backward
+    fsdp_reduce_s: float = 0.0  # one gradient reduce-scatter of the layer
+    recompute_stall_s: float = 0.0  # host stall inside `recompute_s` (full recompute re-runs the forward)
+
+
+def regathers_per_micro_batch(plan: Plan) -> bool:
+    """FSDP / ZeRO-3 that reshards after forward: every micro-batch all-gathers each layer's weights (and
+    reduce-scatters its gradient) inside the layer, rather than once a step."""
+    return (plan.fsdp or plan.zero == 3) and plan.reshard_after_forward
+
+
+def _layer_cost(
+    cluster: Cluster, plan: Plan, groups: Groups, model: ModelSpec, kind: LayerKind, unit: OpGroup, gather_bytes: float
+) -> LayerCost:
+    """Memoised on the unit and the plan fields outside the op graph that it reads: recompute, and (when it
+    `regathers_per_micro_batch`, `_layer_cost_of`) the sharded-data-parallel groups it gathers over. Its
+    forward and backward costs depend on neither (as `_phase_cost`'s) and are kept on the unit alone, so
+    plans that differ only in data parallelism, sharding or recompute share them."""
+    regathers = regathers_per_micro_batch(plan)
+    sharding = (plan.shard_size, plan.expert_dp, plan.fsdp_prefetch, gather_bytes) if regathers else None
+    key = ("layer", cluster, plan.recompute, plan.recompute_modules, sharding)
+
+    def cost() -> LayerCost:
+        phases = unit.memoised(("phases", cluster), lambda: _phase_costs(cluster, plan, groups, unit))
+        return _layer_cost_of(cluster, plan, groups, model, kind, unit, gather_bytes, phases)
+
+    return unit.memoised(key, cost)
+
+
+def _phase_costs(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup) -> tuple[PhaseCost, PhaseCost]:
+    """A layer's forward and backward cost: compute, its communication, the wait for the host."""
+    fwd, bwd = _compute_cost(cluster, plan, unit, False), _compute_cost(cluster, plan, unit, True)
+    blocks = _block_times(fwd, bwd)
+    for phase, cost in (("fwd", fwd), ("bwd", bwd)):
+        _add_comms(cluster, groups, unit, phase, cost, blocks)
+        _add_host_stall(cluster, plan, unit, phase == "bwd", cost)
+    return fwd, bwd
+
+
+def _layer_cost_of(
+    cluster: Cluster,
+    plan: Plan,
+    groups: Groups,
+    model: ModelSpec,
+    kind: LayerKind,
+    unit: OpGroup,
+    gather_bytes: float,
+    phases: tuple[PhaseCost, PhaseCost],
+) -> LayerCost:
+    fwd, bwd = phases
+    rec_stall = 0.0
+    if plan.recompute == "full":
+        rec, rec_comm, rec_stall = fwd.compute_s, fwd.exposed_s, fwd.host_stall_s
+    elif plan.recompute == "selective":
+        rerun = unit.recomputed_ops(plan.recompute_modules)
+        rerun_ids = {id(op) for op in rerun}
+        fwd_times = group_times_s(cluster.gpu, unit, plan)[0]
+        rerun_times = tuple(t for op, t in zip(unit.ops, fwd_times, strict=True) if id(op) in rerun_ids)
+        # the re-run forward ops are issued by the host too (a recomputed MoE block re-runs its expert loop),
+        # and the collectives issued after them (a recomputed MoE block re-runs its dispatch and combine)
+        names = {op.name for op in rerun}
+        rerun_comms = [(c, t) for c, t in fwd.comms if c.after in names]
+        rec_stall = host_stall_s(tuple(rerun), rerun_times, False, plan, rerun_comms)
+        rec, rec_comm = sum(rerun_times) + rec_stall, sum(t for _, t in rerun_comms)
+    else:
+        rec, rec_comm = 0.0, 0.0
+    exposed = hidden = ag = rs = 0.0
+    if regathers_per_micro_batch(plan):
+        # FSDP / ZeRO-3 (reshard after forward): every micro-batch all-gathers the layer in forward and
+        # again in backward and reduce-scatters its gradient, prefetched under the neighbour's compute.
+        dense = dense_params_local(model, plan.tp, kind)
+        expert = expert_params_local(model, kind, plan.ep, plan.etp)
+        ag = collective_time_s(cluster, "all_gather", gather_bytes * dense, groups.shard) + collective_time_s(
+            cluster, "all_gather", gather_bytes * expert, groups.edp
+        )
+        rs = collective_time_s(cluster, "reduce_scatter", GRAD_REDUCE_BYTES * dense, groups.shard) + (
+            collective_time_s(cluster, "reduce_scatter", GRAD_REDUCE_BYTES * expert, groups.edp)
+        )
+        # prefetching d layers ahead hides a gather under up to d layers of compute (0: no overlap)
+        d = plan.fsdp_prefetch
+        exposed = max(0.0, ag - d * fwd.compute_s) + max(0.0, ag + rs - d * (bwd.compute_s + rec))
+        hidden = 2 * ag + rs - exposed
+    wgrad = bwd.gemm_s / 2  # a GEMM's backward is its dgrad and its wgrad, of equal FLOPs
+    return LayerCost(fwd, bwd, rec, rec_comm, exposed, hidden, ag, wgrad, rs, rec_stall)
+
+
+@dataclass(slots=True)
+class Stage:
+    compute: float = 0.0  # per micro-batch
+    exposed: float = 0.0
+    hidden: float = 0.0
+    recompute: float = 0.0
+    fwd: float = 0.0  # forward compute only (window for gathers)
+    bwd: float = 0.0  # backward compute incl. recompute (window for gradient reduction)
+    first_gather: float = 0.0
+    fwd_exposed: float = 0.0  # exposed communication of the forward pass alone
+    wgrad: float = 0.0  # weight-gradient GEMM time (zero-bubble schedules run it separately)
+    host_stall: float = 0.0  # part of `compute` the GPU waits for the host
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int, causal: bool = True) -> float:
+    """Model FLOPs per token (forward + backward = 3x forward, no recompute): every weight multiply
+    (2 FLOPs per weight per token, routed experts only for the top-k, output layer included, embedding
+    lookups excluded) and attention (QK^T and PV over the keys each query sees: causal (s+1)/2, window,
+    chunk)."""
+    fwd = 2.0 * model.vocab * model.hidden
+    for kind, n in Counter(model.layer_kinds()).items():
+        attn = 2.0 * model.heads * (model.qk_head_dim + model.v_head_dim) * model.keys_per_query(kind, seq_len, causal)
+        fwd += n * (2.0 * model.matmul_params_per_token(kind) + attn)
+        if kind.mlp == "dit" and model.dit is not None:  # cross-attention to the text tokens
+            text, d = model.dit.text_len, model.hidden
+            fwd += n * (4.0 * d * text + 2.0 * 2 * d * d * text / seq_len)
+    return 3.0 * fwd
+
+
+@dataclass(frozen=True, slots=True)
+class StepCosts:
+    """Everything the analytic path and the simulator share: the op graph and its per-unit costs."""
+
+    graph: StageGraph
+    groups: Groups
+    layers: dict[LayerKind, LayerCost]
+    embed_fwd: PhaseCost
+    embed_bwd: PhaseCost
+    head_fwd: PhaseCost
+    head_bwd: PhaseCost
+    mtp_fwd: PhaseCost  # an MTP module's own ops (`graph.mtp`), without its block and output layer
+    mtp_bwd: PhaseCost
+    p2p_s: float  # one send/recv of a stage boundary activation
+    slowdown: float  # compute slowdown while a collective overlaps it
+    gather_bytes: int  # bytes per weight all-gathered (bf16, or FP8 with fp8_all_gather)
+    cluster: Cluster
+
+
+def step_costs(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepCosts:
+    gpu = cluster.gpu
+    graph = build_stage_graph(model, plan, gpu.arch)
+    groups = place_groups(cluster, plan)
+    # Weights travel in bf16, or in FP8 where the framework all-gathers FP8 weights (torchao / Megatron-FSDP,
+    # Megatron's distributed optimizer with per-tensor FP8). MXFP8 parameters under the distributed optimizer
+    # are gathered in BF16 into the reused gradient buffer and quantized locally (Megatron-Core
+    # `reuse_grad_buf_for_mxfp8_param_ag`, set by Megatron-Bridge's `bf16_with_mxfp8_mixed`).
+    bf16_gather = plan.fp8_recipe == "mxfp8" and not (plan.fsdp or plan.zero >= 3)
+    gather_bytes = 1 if plan.fp8_params and not bf16_gather else BF16
+    return StepCosts(
+        graph=graph,
+        groups=groups,
+        layers={k: _layer_cost(cluster, plan, groups, model, k, g, gather_bytes) for k, g in graph.layers.items()},
+        embed_fwd=_phase_cost(cluster, plan, groups, graph.embedding, backward=False),
+        embed_bwd=_phase_cost(cluster, plan, groups, graph.embedding, backward=True),
+        head_fwd=_phase_cost(cluster, plan, groups, graph.head, backward=False),
+        head_bwd=_phase_cost(cluster, plan, groups, graph.head, backward=True),
+        mtp_fwd=_phase_cost(cluster, plan, groups, graph.mtp, backward=False),
+        mtp_bwd=_phase_cost(cluster, plan, groups, graph.mtp, backward=True),
+        p2p_s=collective_time_s(cluster, "send_recv", graph.boundary_bytes, groups.pp) if plan.pp > 1 else 0.0,
+        slowdown=overlap_slowdown(gpu),
+        gather_bytes=gather_bytes,
+        cluster=cluster,
+    )
+
+
+def layers_cost(sc: StepCosts, model: ModelSpec, plan: Plan, layers: tuple[int, ...], recomputed: int) -> Stage:
+    """Per-micro-batch cost of running `layers` (the first `recomputed` of them under full recompute)."""
+    st = Stage()
+    n_rec = recomputed if plan.recompute == "full" else len(layers)
+    alone = 1.0 - paired_share(plan)
+    _add_blocks(st, sc, model.kind_counts(layers[:n_rec]), plan.recompute != "none", alone)
+    _add_blocks(st, sc, model.kind_counts(layers[n_rec:]), False, alone)
+    if layers:
+        st.first_gather = sc.layers[sc.graph.kinds[layers[0]]].fsdp_gather_s
+    return st
+
+
+def _add_blocks(
+    st: Stage, sc: StepCosts, counts: Mapping[LayerKind, int], recomputed: bool, alone: float = 0.0
+) -> None:
+    """Add `counts` blocks of each kind to `st` (with their recompute when `recomputed`); in the `alone`
+    share of micro-batches (no partner in the combined-1F1B overlap) the paired all-to-alls are exposed."""
+    for kind, n in counts.items():
+        c = sc.layers[kind]
+        rec = c.recompute_s if recomputed else 0.0
+        rec_comm = c.recompute_comm_s if recomputed else 0.0
+        unpaired_fwd, unpaired_bwd = alone * c.fwd.paired_hidden_s, alone * c.bwd.paired_hidden_s
+        st.compute += n * (c.fwd.compute_s + c.bwd.compute_s + rec)
+        st.recompute += n * rec
+        st.exposed += n * (
+            c.fwd.exposed_s + c.bwd.exposed_s + rec_comm + c.fsdp_exposed_s + unpaired_fwd + unpaired_bwd
+        )
+        st.hidden += n * (c.fwd.hidden_s + c.bwd.hidden_s + c.fsdp_hidden_s - unpaired_fwd - unpaired_bwd)
+        st.fwd += n * c.fwd.compute_s
+        st.bwd += n * (c.bwd.compute_s + rec)
+        st.fwd_exposed += n * (c.fwd.exposed_s + unpaired_fwd + (c.fsdp_exposed_s / 2))
+        st.wgrad += n * c.wgrad_s
+        st.host_stall += n * (c.fwd.host_stall_s + c.bwd.host_stall_s + (c.recompute_stall_s if recomputed else 0.0))
+
+
+def _add_unit(st: Stage, fwd: PhaseCost, bwd: PhaseCost, n: int = 1) -> None:
+    """Add `n` forward and backward runs of a unit that pairs with no other micro-batch (embedding, head,
+    an MTP module's own ops) to the stage's compute, exposed communication and host wait."""
+    st.compute += n * (fwd.compute_s + bwd.compute_s)
+    st.exposed += n * (fwd.exposed_s + bwd.exposed_s)
+    st.host_stall += n * (fwd.host_stall_s + bwd.host_stall_s)
+
+
+def mtp_cost(sc: StepCosts, model: ModelSpec, plan: Plan) -> Stage:
+    """Per-micro-batch cost of the MTP modules on their pipeline rank (`Plan.mtp_rank`; DeepSeek-V3 §2.2):
+    each runs its embedding lookup, two norms and the 2h→h projection (`graph.mtp`) and one more block of
+    the model's kind under the plan's recompute. Their output layers run with the loss (`mtp_heads`)."""
+    st = Stage()
+    if not (plan.mtp and model.mtp_layers):
+        return st
+    n = model.mtp_layers
+    _add_blocks(st, sc, {model.mtp_kind: n}, plan.recompute != "none", 1.0 - paired_share(plan))
+    _add_unit(st, sc.mtp_fwd, sc.mtp_bwd, n)
+    st.fwd += n * sc.mtp_fwd.compute_s
+    st.bwd += n * sc.mtp_bwd.compute_s
+    st.fwd_exposed += n * sc.mtp_fwd.exposed_s
+    return st
+
+
+def stage_cost(sc: StepCosts, model: ModelSpec, plan: Plan, rank: int) -> Stage:
+    """Per-micro-batch compute and exposed communication of pipeline rank `rank` (all its chunks)."""
+    layers = plan.rank_layers(model.layers)[rank]
+    st = layers_cost(sc, model, plan, layers, plan.recomputed_layers(len(layers)))
+    st.exposed += st.first_gather  # the first gather of each micro-batch has nothing to hide under
+    ends = ((sc.embed_fwd, sc.embed_bwd),) if rank == 0 else ()
+    if rank == plan.pp - 1:  # the output layer and loss, once more for each MTP module
+        ends += ((sc.head_fwd, sc.head_bwd),) * (1 + mtp_heads(model, plan))
+    if rank == plan.mtp_rank:
+        mtp = mtp_cost(sc, model, plan)
+        st.compute += mtp.compute
+        st.exposed += mtp.exposed
+        st.hidden += mtp.hidden
+        st.recompute += mtp.recompute
+        st.host_stall += mtp.host_stall
+    for fwd, bwd in ends:
+        _add_unit(st, fwd, bwd)
+    st.exposed += 2 * plan.vpp * sc.p2p_s  # activations / gradients to and from the neighbouring stages
+    if plan.offload_activations:  # copies to the host under forward and back under backward
+        saved = layers_saved_bytes(model, plan, sc.graph, layers, plan.recomputed_layers(len(layers)))
+        moved = plan.offload_activations * saved
+        copy = link_time_s(sc.cluster, moved)
+        st.exposed += max(0.0, copy - st.fwd) + max(0.0, copy - st.bwd)
+    st.compute += st.hidden * sc.slowdown
+    return st
+
+
+@dataclass(frozen=True, slots=True)
+class DPComm:
+    """Once-per-step data-parallel traffic of one rank and how much of it is exposed."""
+
+    grad_exposed_s: float  # gradient reduction left after the last backward
+    gather_exposed_s: float  # weight gather not hidden by the first forward
+    total_s: float
+
+    @property
+    def exposed_s(self) -> float:
+        return self.grad_exposed_s + self.gather_exposed_s
+
+
+def dp_comm(sc: StepCosts, model: ModelSpec, cluster: Cluster, plan: Plan, rank: int, st: Stage) -> DPComm:
+    """Gradients reduced (all-reduce for DDP, reduce-scatter when sharded) under the last micro-batch's
+    backward (bucketed, Megatron overlap_grad_reduce); sharded weights gathered back under the next
+    step's first forward (overlap_param_gather); HSDP adds an all-reduce across replicas. FSDP that
+    reshards after forward moves its traffic per micro-batch instead (see `_layer_cost`)."""
+    groups = sc.groups
+    dense, expert = rank_params_local(model, plan, rank)
+    n_layers = max(len(plan.rank_layers(model.layers)[rank]), 1)
+    grad_exp = gather_exp = total = 0.0
+    if not regathers_per_micro_batch(plan):
+        sharded = plan.zero >= 1 or plan.fsdp
+        kind = "reduce_scatter" if sharded else "all_reduce"
+        per_param = GRAD_REDUCE_BYTES if plan.fsdp else plan.main_grad_bytes  # Megatron reduces its main_grad
+        grad = collective_time_s(cluster, kind, per_param * dense, groups.shard if sharded else groups.dp)
+        grad += collective_time_s(cluster, kind, per_param * expert, groups.edp)
+        grad_exp = max(0.0, grad - st.bwd) + grad / n_layers if plan.overlap_grad_reduce else grad
+        total += grad
+        if sharded:
+            gather = collective_time_s(cluster, "all_gather", sc.gather_bytes * dense, groups.shard)
+            gather += collective_time_s(cluster, "all_gather", sc.gather_bytes * expert, groups.edp)
+            gather_exp = max(0.0, gather - st.fwd) + gather / n_layers
+            total += gather
+    if plan.offload_optimizer:  # gradient shard down to the host, under the last backward
+        down = link_time_s(cluster, 2 * (dense / plan.shard_size + expert / plan.expert_shard_size))
+        grad_exp += max(0.0, down - st.bwd)
+        total += down
+    if (plan.fsdp or plan.zero == 3) and plan.shard_size < plan.dp * plan.cp:
+        rep = collective_time_s(cluster, "all_reduce", GRAD_REDUCE_BYTES * dense / plan.shard_size, groups.replicate)
+        grad_exp += rep
+        total += rep
+    return DPComm(grad_exp, gather_exp, total)
+
+
+def optimizer_bytes_per_param(plan: Plan) -> int:
+    """HBM traffic of Adam per local parameter (memory-bound): read and write the fp32 master (8 B), read
+    the gradient for the norm and the step (2·g), read and write m and v (4·m), write the bf16 copy (2 B):
+    34 B with fp32 gradients and moments."""
+    return 8 + 2 * plan.main_grad_bytes + 4 * plan.moment_bytes + 2
+
+
+def optimizer_params_local(model: ModelSpec, plan: Plan, rank: int) -> float:
+    """Parameters whose optimizer update this GPU runs (its shard when the optimizer is sharded)."""
+    dense, expert = rank_params_local(model, plan, rank)
+    sharded = plan.zero >= 1 or plan.fsdp
+    return dense / plan.shard_size + expert / plan.expert_shard_size if sharded else dense + expert
+
+
+def optimizer_time_s(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int) -> float:
+    """Adam on the GPU (memory-bound), or with optimizer offload: the CPU step plus the bf16 weights
+    coming back over the host link (the gradients go down under the backward)."""
+    local = optimizer_params_local(model, plan, rank)
+    if plan.offload_optimizer:
+        return cpu_optimizer_time_s(cluster, local) + link_time_s(cluster, 2 * local)
+    return memory_time_s(cluster.gpu, optimizer_bytes_per_param(plan) * local)
+
+
+def step_flops(model: ModelSpec, plan: Plan, graph: StageGraph) -> tuple[float, float]:
+    """(model FLOPs, hardware FLOPs incl. recompute) of one optimizer step over all GPUs."""
+    tokens = plan.global_batch * plan.seq_len
+    per_token = model.memoised(
+        ("flops_per_token", plan.seq_len, plan.causal), lambda: model_flops_per_token(model, plan.seq_len, plan.causal)
+    )
+    model_flops = tokens * per_token
+    if plan.mtp and model.mtp_layers:  # each MTP module: one more block and output-layer pass per token
+        kind = model.mtp_kind
+        mtp_fwd = 2.0 * (model.matmul_params_per_token(kind) + model.vocab * model.hidden + 2 * model.hidden**2)
+        model_flops += tokens * 3.0 * model.mtp_layers * mtp_fwd
+    recompute_flops = 0.0
+    if plan.recompute == "full":
+        mb_per_step = plan.global_batch // plan.micro_batch
+        for layers in plan.rank_layers(model.layers):
+            for kind, n in model.kind_counts(layers[: plan.recomputed_layers(len(layers))]).items():
+                unit_flops = sum(op.flops for op in graph.layers[kind].ops)
+                recompute_flops += n * unit_flops * plan.tp * plan.cp * mb_per_step
+    return model_flops, model_flops + recompute_flops
+
+
+@dataclass(frozen=True, slots=True)
+class RankMemory:
+    """Memory parts of one pipeline rank, bytes."""
+
+    rank: int
+    state: StateBytes
+    activations: float  # saved activations at the peak (in-flight micro-batches)
+    buffers: float  # transient buffers incl. one layer's backward working set
+    inflight: int
+    workspace: float = 0.0  # the backward working set inside `buffers` (alive only during a backward)
+    # grads freed after each step and one micro-batch per step: backward frees a layer's activations as
+    # it makes its grads, so the peak holds the larger of the two (both grow linearly over the layers)
+    grads_replace_activations: bool = False
+
+    @property
+    def allocated(self) -> float:
+        st = self.state
+        if self.grads_replace_activations:
+            return st.params + st.optimizer + max(st.grads, self.activations) + self.buffers
+        return st.params + st.grads + st.optimizer + self.activations + self.buffers
+
+    @property
+    def overhead(self) -> float:
+        return CONTEXT_BYTES + FRAGMENTATION * (self.activations + self.buffers)
+
+
+def rank_memory(
+    model: ModelSpec,
+    plan: Plan,
+    graph: StageGraph,
+    arch: str,
+    rank: int,
+    fixed: tuple[StateBytes, float] | None = None,
+    activations: tuple[float, float, int] | None = None,
+) -> RankMemory:
+    """Memory of pipeline rank `rank`. `fixed` is its model state and transient buffers when already known
+    (`fixed_rank_memory`: they do not depend on recompute), `activations` its `activation_bytes` (they do
+    not depend on optimizer offload)."""
+    state, buffers = fixed or fixed_rank_memory(model, plan, graph, arch, rank)
+    act, workspace, inflight = activations or activation_bytes(model, plan, graph, rank)
+    freed = not plan.persistent_grads and plan.grad_accum == 1
+    return RankMemory(rank, state, act, buffers + workspace, inflight, workspace, freed)
+
+
+def fixed_rank_memory(
+    model: ModelSpec, plan: Plan, graph: StageGraph, arch: str, rank: int
+) -> tuple[StateBytes, float]:
+    """The part of a rank's memory that recompute does not change: model state and transient buffers."""
+    return rank_state_bytes(model, plan, rank), buffer_bytes(model, plan, graph, rank, arch)
+
+
+def host_gib_per_node(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int, activations: float) -> float:
+    """Host memory the node's GPUs use for offloaded optimizer state and activations."""
+    per_gpu = host_bytes_per_gpu(optimizer_params_local(model, plan, rank)) if plan.offload_optimizer else 0.0
+    if plan.offload_activations:
+        per_gpu += activations * plan.offload_activations / (1 - plan.offload_activations or 1.0)
+    return per_gpu * cluster.gpus_per_node / GIB
+
+
+def memory_breakdown(m: RankMemory, capacity_gib: float, host_gib: float = 0.0) -> MemoryBreakdown:
+    st = m.state
+    return MemoryBreakdown(
+        peak_gib=m.allocated / GIB,
+        params_gib=st.params / GIB,
+        grads_gib=st.grads / GIB,
+        optimizer_gib=st.optimizer / GIB,
+        activations_gib=m.activations / GIB,
+        buffers_gib=m.buffers / GIB,
+        overhead_gib=m.overhead / GIB,
+        required_gib=(m.allocated + m.overhead) / GIB,
+        capacity_gib=capacity_gib,
+        stage=m.rank,
+        inflight_microbatches=m.inflight,
+        host_gib=host_gib,
+    )
+
+
+def plan_warnings(plan: Plan, graph: StageGraph) -> tuple[str, ...]:
+    m = plan.grad_accum
+    warnings = []
+    if plan.vpp > 1 and m % plan.pp:
+        warnings.append(f"interleaved schedule: micro-batches per step ({m}) not a multiple of pp ({plan.pp})")
+    if plan.pp > 1 and m < plan.pp:
+        warnings.append(f"only {m} micro-batches for {plan.pp} pipeline stages: the bubble dominates")
+    if graph.routing.dropped_fraction > 0:
+        warnings.append(f"capacity factor drops {graph.routing.dropped_fraction:.1%} of token-expert assignments")
+    if not moe_graphed(plan) and any(kind.mlp == "moe" for kind in graph.layers):
+        warnings.append(eager_moe_warning(plan.ep_dispatch))
+    if plan.cuda_graphs:
+        warnings.append(GRAPH_MEMORY_WARNING)
+    return tuple(warnings)
+
+
+def make_estimate(
+    model: ModelSpec,
+    cluster: Cluster,
+    plan: Plan,
+    sc: StepCosts,
+    step_s: float,
+    time: TimeBreakdown,
+    memory: MemoryBreakdown,
+    extra_warnings: tuple[str, ...] = (),
+) -> Estimate:
+    """Assemble the typed result (shared by the analytic path and the simulator)."""
+    gpu = cluster.gpu
+    model_flops, hardware_flops = step_flops(model, plan, sc.graph)
+    peak = gpu.peak_tflops(plan.precision) * 1e12
+    tokens = plan.global_batch * plan.seq_len
+    ranks = sorted({0, plan.pp - 1, plan.pp // 2, memory.stage})
+    max_params = max(sum(rank_params_local(model, plan, r)) for r in ranks)
+    return Estimate(
+        model=model.name,
+        gpu=gpu.name,
+        gpus=plan.gpus,
+        plan={f.name: getattr(plan, f.name) for f in fields(plan)}
+        | {"grad_accum": plan.grad_accum, "sharding": plan.sharding_name},
+        params=ParamCounts(
+            total=model.params_total,
+            per_gpu=int(round(max_params)),
+            per_gpu_sharded=memory.params_gib * GIB / (4 if plan.fsdp else 2),
+            active=model.params_active,
+        ),
+        step_time_s=step_s,
+        tokens_per_step=tokens,
+        tokens_per_s=tokens / step_s,
+        tokens_per_s_per_gpu=tokens / step_s / plan.gpus,
+        model_flops_per_step=model_flops,
+        hardware_flops_per_step=hardware_flops,
+        model_tflops_per_gpu=model_flops / step_s / plan.gpus / 1e12,
+        hardware_tflops_per_gpu=hardware_flops / step_s / plan.gpus / 1e12,
+        mfu=model_flops / step_s / plan.gpus / peak,
+        hfu=hardware_flops / step_s / plan.gpus / peak,
+        fits=memory.required_gib <= gpu.hbm_gib and memory.host_gib <= gpu.host_memory_gib,
+        memory=memory,
+        time=time,
+        warnings=plan_warnings(plan, sc.graph) + extra_warnings,
+    )
