@@ -229,3 +229,18 @@ def test_rows_name_stacks_and_models_as_users_write_them():
     assert case_from_row(ROW | {"stack": "Megatron-LM"}).stack.name == "megatron"
     with _pytest.raises(SkipRow, match="unknown stack"):
         case_from_row(ROW | {"stack": "jax"})
+
+
+def test_torchtitan_op_sac_recomputes_every_second_matmul():
+    """torchtitan's op-level selective AC saves every matmul output but each block's 2nd, 4th, ...: of a
+    Llama block's wq, wk, wv, wo, w1, w3, w2 it re-runs wk, wo and w3 in backward."""
+    from shardscope.graph.build import build_stage_graph
+    from shardscope.step.core import alternate_mm_share
+
+    spec, _, plan = shardscope.setup("llama3.1-8b", "H100", 8, global_batch=8, stack="torchtitan")
+    share = alternate_mm_share(spec, plan, build_stage_graph(spec, plan).layer)
+    assert share == {"qkv proj": pytest.approx(1024 / 6144), "out proj": 1.0, "gate/up proj": 0.5, "down proj": 0.0}
+    kw = dict(gpu="H100", gpus=8, global_batch=8, seq_len=8192, recompute="selective")
+    tt = shardscope.estimate("llama3.1-8b", stack="torchtitan", **kw)
+    plain = shardscope.estimate("llama3.1-8b", stack="torchtitan", recompute_alternate_mm=False, **kw)
+    assert tt.time.recompute_s > 2 * plain.time.recompute_s

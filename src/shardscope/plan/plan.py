@@ -102,6 +102,10 @@ class Plan:
         (), "recompute", "with selective: Megatron modules to recompute, e.g. layernorm,moe_act,mla_up_proj"
     )
     offload_activations: float = opt(0.0, "recompute", "fraction of saved activations kept in host memory")
+    # torchtitan's op-level selective AC (`selective_ac_option = "op"`) saves the outputs of a block's matmuls
+    # except every second one in forward order, and recomputes the rest: with op-level "selective", the
+    # 2nd, 4th, ... matmul of each block re-runs in backward too (wk, wo, w3 of a Llama block)
+    recompute_alternate_mm: bool = opt(False, "recompute", "op-level selective also recomputes every second matmul")
     # precision
     precision: str = opt("bf16", "precision", "GEMM precision", choices=("bf16", "fp16", "fp8"), graph=True)
     fp8_recipe: str = opt("tensorwise", "precision", "FP8 scaling", choices=FP8_RECIPES, graph=True)

@@ -22,7 +22,7 @@ PLAN_KEYS = (
     "attention_kernel", "causal_block_skip", "fused_activation", "fused_cross_entropy", "eager_elementwise",
     "linear_impl", "compile", "tp_comm_overlap", "overlap_grad_reduce", "fsdp_prefetch", "reshard_after_forward",
     "cuda_graphs", "ep_dispatch", "ep_comm_overlap", "fp8_recipe", "main_grads", "optimizer_moments",
-    "micro_batch", "persistent_grads", "mtp", "complex_rope",
+    "micro_batch", "persistent_grads", "mtp", "complex_rope", "recompute_alternate_mm",
 )  # fmt: skip
 STACK_KEYS = (*PLAN_KEYS, "sharding", "flops_attention", "flops_exact_glu_window")
 SHARDINGS = ("ddp", "zero1", "fsdp")

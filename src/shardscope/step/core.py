@@ -215,6 +215,33 @@ def _phase_costs(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup) ->
     return fwd, bwd
 
 
+def alternate_mm_share(model: ModelSpec, plan: Plan, unit: OpGroup) -> dict[str, float]:
+    """Per GEMM of `unit`, the share of its FLOPs that torchtitan's op-level selective AC re-runs in
+    backward: it counts the block's matmuls in forward order and recomputes every second one. Our fused
+    GEMMs are split into the model's own matmuls (q, k, v; gate, up) to count them; grouped expert GEMMs
+    are not `aten.mm` calls and are not counted."""
+    out: dict[str, float] = {}
+    count = 0
+    for op in unit.ops:
+        if op.kind != "gemm" or op.groups > 1:
+            continue
+        n = op.mnk[1]
+        if op.name == "qkv proj" and not model.mla:
+            q = model.heads // plan.tp * model.head_dim
+            kv = (n - q) / 2
+            parts = [q, kv, kv]
+        elif op.name == "gate/up proj":
+            parts = [n / 2, n / 2]
+        else:
+            parts = [n]
+        redo = 0.0
+        for part in parts:
+            count += 1
+            redo += part if count % 2 == 0 else 0.0
+        out[op.name] = redo / n
+    return out
+
+
 def _layer_cost_of(
     cluster: Cluster,
     plan: Plan,
@@ -240,6 +267,9 @@ def _layer_cost_of(
         rerun_comms = [(c, t) for c, t in fwd.comms if c.after in names]
         rec_stall = host_stall_s(tuple(rerun), rerun_times, False, plan, rerun_comms)
         rec, rec_comm = sum(rerun_times) + rec_stall, sum(t for _, t in rerun_comms)
+        if plan.recompute_alternate_mm and not plan.recompute_modules:
+            share = alternate_mm_share(model, plan, unit)
+            rec += sum(share.get(op.name, 0.0) * t for op, t in zip(unit.ops, fwd_times, strict=True))
     else:
         rec, rec_comm = 0.0, 0.0
     exposed = hidden = ag = rs = 0.0
