@@ -389,6 +389,17 @@ def option_flag(f: Any) -> str:
     return "--" + (f.metadata.get("flag") or f.name).replace("_", "-")
 
 
+@lru_cache(maxsize=len(SECTIONS))
+def section_fields(section: str) -> tuple[str, ...]:
+    """The Plan fields declared in `section`."""
+    return tuple(f.name for f in fields(Plan) if f.metadata["section"] == section)
+
+
+def section_values(plan: Plan, section: str) -> tuple:
+    """The values of a plan's `section`, in declaration order: a memo key that cannot forget a field."""
+    return tuple(getattr(plan, name) for name in section_fields(section))
+
+
 @lru_cache(maxsize=1)
 def _choice_fields() -> tuple[tuple[str, str, tuple], ...]:
     return tuple((f.name, option_flag(f), f.metadata["choices"]) for f in fields(Plan) if f.metadata.get("choices"))

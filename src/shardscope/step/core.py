@@ -34,7 +34,7 @@ from shardscope.graph.build import BF16, FP32, OpGroup, StageGraph, build_stage_
 from shardscope.graph.ops import Collective
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import LayerKind, ModelSpec
-from shardscope.plan.plan import Plan
+from shardscope.plan.plan import Plan, section_values
 from shardscope.result import Estimate, MemoryBreakdown, ParamCounts, TimeBreakdown
 from shardscope.step.caveats import GRAPH_MEMORY_WARNING, eager_moe_warning
 
@@ -190,13 +190,13 @@ def regathers_per_micro_batch(plan: Plan) -> bool:
 def _layer_cost(
     cluster: Cluster, plan: Plan, groups: Groups, model: ModelSpec, kind: LayerKind, unit: OpGroup, gather_bytes: float
 ) -> LayerCost:
-    """Memoised on the unit and the plan fields outside the op graph that it reads: recompute, and (when it
+    """Memoised on the unit and the plan fields outside the op graph that it reads: the recompute section, and (when it
     `regathers_per_micro_batch`, `_layer_cost_of`) the sharded-data-parallel groups it gathers over. Its
     forward and backward costs depend on neither (as `_phase_cost`'s) and are kept on the unit alone, so
     plans that differ only in data parallelism, sharding or recompute share them."""
     regathers = regathers_per_micro_batch(plan)
     sharding = (plan.shard_size, plan.expert_dp, plan.fsdp_prefetch, gather_bytes) if regathers else None
-    key = ("layer", cluster, plan.recompute, plan.recompute_modules, sharding)
+    key = ("layer", cluster, section_values(plan, "recompute"), sharding)
 
     def cost() -> LayerCost:
         phases = unit.memoised(("phases", cluster), lambda: _phase_costs(cluster, plan, groups, unit))
