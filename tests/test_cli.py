@@ -130,3 +130,17 @@ def test_bad_pipeline_layout_is_one_line_and_exit_2():
     )
     assert result.exit_code == 2
     assert "--pp-layout" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("report", "llama3.1-8b", "-o", "/nonexistent-folder/r.html"),
+        ("estimate", "llama3.1-8b", "--trace", "/nonexistent-folder/t.json"),
+        ("estimate", "llama3.1-8b", "--trace", "/tmp"),
+        ("plan", "llama3.1-8b", "--export", "megatron", "-o", "/nonexistent-folder/x.sh"),
+    ],
+)
+def test_output_paths_are_checked_before_any_work(args):
+    r = CliRunner().invoke(app, list(args))
+    assert r.exit_code == 2 and "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1

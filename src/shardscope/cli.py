@@ -138,6 +138,8 @@ def estimate(
     from shardscope import estimate as run_estimate
 
     try:
+        if trace is not None:
+            _check_output_path(trace)
         result = run_estimate(
             model,
             gpu=gpu,
@@ -316,6 +318,7 @@ def report(
     from shardscope.sim import simulate_step
 
     try:
+        _check_output_path(output)
         spec, cluster, seq_len, space = search_setup(**{k: v for k, v in locals().items() if k in SEARCH_OPTIONS})
         result = search(spec, cluster, global_batch, seq_len, objective, space, workers=workers)
         if not result.candidates:
