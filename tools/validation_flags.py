@@ -54,16 +54,18 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import yaml
 
 from shardscope.errors import ShardscopeError
-from shardscope.hardware.catalog import Cluster, load_gpu, make_cluster
-from shardscope.models.spec import GPT_BLOCK, ModelSpec
-from shardscope.plan.plan import Plan, cuda_graph_scopes, make_plan
+from shardscope.hardware.catalog import load_gpu, make_cluster
+from shardscope.models.spec import ModelSpec
+from shardscope.plan.plan import cuda_graph_scopes, make_plan
+from shardscope.stacks import load_stack
+from shardscope.validate.rows import RowCase, SkipRow, _int
+from shardscope.validate.rows import model_from_row as new_model_from_row
 
 MEGATRON_BRIDGE_SOURCES = {"MBRIDGE_PERF", "MBRIDGE_MOE_AB", "MBRIDGE_CARD", "MBRIDGE_CG_AB", "MBRIDGE_RECOMPUTE_AB"}
 MEGATRON_SOURCES = MEGATRON_BRIDGE_SOURCES | {"NEMO_2407_PERF", "MCORE_MOE_REPORT", "MCORE_DSV3_GB200_GUIDE"}
@@ -83,88 +85,8 @@ FUSED_CROSS_ENTROPY_SOURCES = {"MOSAICML_LLMFOUNDRY"}
 LAST_CONTAINER_WITH_INPLACE_CROSS_ENTROPY = (26, 6)
 
 
-class SkipRow(Exception):
-    """A row this version cannot predict; the message is the reason shown in the report."""
-
-
-@dataclass(frozen=True, slots=True)
-class RowCase:
-    model: ModelSpec
-    cluster: Cluster
-    plan: Plan
-
-
-def _int(row: dict[str, str], key: str, default: int | None = None) -> int:
-    value = (row.get(key) or "").strip()
-    if not value:
-        if default is None:
-            raise SkipRow(f"no {key} in the row")
-        return default
-    return int(float(value))
-
-
-# MoE rows name models whose structure (MLA, shared experts, dense layers, windows) the columns cannot
-# carry: they are taken from the catalog config, after checking the row's columns agree with it.
-CATALOG_MODELS = {
-    "deepseek_v3": "deepseek-v3",
-    "qwen3_30b_a3b": "qwen3-30b-a3b",
-    "qwen3_235b_a22b": "qwen3-235b-a22b",
-    "gpt_oss_120b": "gpt-oss-120b",
-    "moonlight_16b_a3b": "moonlight-16b-a3b",
-    "wan2.1_14b": "wan2.1-t2v-14b",
-}
-
-
-def _catalog_model(row: dict[str, str]) -> ModelSpec:
-    from shardscope.models.catalog import list_models, load_model
-
-    name = CATALOG_MODELS[row["model"].lower()]
-    if name not in list_models():
-        raise SkipRow(f"no catalog config for {row['model']}")
-    m = load_model(name)
-    checks = {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "vocab": m.vocab}
-    if m.dit:
-        checks |= {"ffn_hidden": m.ffn_hidden}
-    if m.moe:
-        checks |= {"experts": m.moe.experts, "topk": m.moe.top_k, "ffn_hidden": m.moe.expert_ffn}
-    for col, value in checks.items():
-        if row.get(col) and int(float(row[col])) != value:
-            raise SkipRow(f"row's {col}={row[col]} disagrees with the {name} config ({value})")
-    return m
-
-
 def model_from_row(row: dict[str, str]) -> ModelSpec:
-    """The row's architecture columns + the family's structure (norm, MLP, positions, biases)."""
-    name = row["model"].lower()
-    if name in CATALOG_MODELS:
-        return _catalog_model(row)
-    if row.get("arch") not in ("dense", ""):
-        raise SkipRow(f"{row.get('arch')} architecture is not modelled yet")
-    if not (row.get("layers") and row.get("hidden") and row.get("heads")):
-        raise SkipRow("architecture columns are blank in the source")
-    heads = _int(row, "heads")
-    hidden = _int(row, "hidden")
-    common = dict(
-        name=row["model"],
-        hidden=hidden,
-        layers=_int(row, "layers"),
-        heads=heads,
-        kv_heads=_int(row, "kv_heads", heads),
-        head_dim=hidden // heads,
-        ffn_hidden=_int(row, "ffn_hidden", 4 * hidden),
-        vocab=_int(row, "vocab", 51200),
-    )
-    if name.startswith(("llama", "mistral", "qwen")):
-        return ModelSpec(**common, mlp="swiglu", norm="rmsnorm", position="rope")
-    if name.startswith("nemotron"):  # squared-ReLU (non-gated) MLP, LayerNorm, RoPE, untied
-        return ModelSpec(**common, mlp="gelu", norm="layernorm", position="rope")
-    if name.startswith("mpt"):  # llm-foundry benchmark yamls: ALiBi, biases, tied embeddings
-        return ModelSpec(**common, **GPT_BLOCK, tied_embeddings=True, position="alibi")
-    if name.startswith("gpt"):  # GPT-2/3 style: learned positions, biases, tied embeddings
-        return ModelSpec(
-            **common, **GPT_BLOCK, tied_embeddings=True, position="learned", pos_embedding_rows=_int(row, "seq_len")
-        )
-    raise SkipRow(f"unknown model family {row['model']!r}")
+    return new_model_from_row(row)[0]
 
 
 def automodel(row: dict[str, str]) -> bool:
@@ -343,7 +265,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
         )
     except ShardscopeError as exc:
         raise SkipRow(f"plan rejected: {exc}") from None
-    return RowCase(model, cluster, plan)
+    return RowCase(model, cluster, plan, load_stack(row.get("stack") or ""))
 
 
 # Plan fields a flags cell may carry, in the order they are written

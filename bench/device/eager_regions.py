@@ -14,30 +14,19 @@ the bytes autograd keeps, at 8192 tokens of Llama-3.1-8B (hidden 4096, 32 q / 8 
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from h100_kernels import events_time_ms  # this folder's kernel bench (the script's folder is on the path)
 
 T, H, NQ, NKV, HD, FFN = 8192, 4096, 32, 8, 128, 14336
 DEV, BF16 = "cuda", torch.bfloat16
 
 
 def timed(fn, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
+    return events_time_ms(fn, reps, warmup=3)
 
 
 def region(name: str, make, forward) -> dict:

@@ -57,15 +57,20 @@ SeqLen, GlobalBatch, PrecisionOpt, Fp8Recipe, CudaGraphs, FusedActivation, Fused
 )
 
 
-def with_plan_options(func: Any) -> Any:
-    """`func` taking every Plan option (as keyword arguments in its `**plan`), after its own parameters."""
+def _with_options(func: Any, extra: list[inspect.Parameter]) -> Any:
+    """`func` also taking the `extra` options (as keyword arguments in its `**kwargs`), after its own."""
     sig = inspect.signature(func, eval_str=True)
     own = [p for p in sig.parameters.values() if p.kind != p.VAR_KEYWORD]
     names = {p.name for p in own}
-    extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=a)
-             for n, a in PlanOpt.items() if n not in names]  # fmt: skip
-    func.__signature__ = sig.replace(parameters=own + extra)
+    more = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in extra if p.name not in names]
+    func.__signature__ = sig.replace(parameters=own + more)
     return func
+
+
+def with_plan_options(func: Any) -> Any:
+    """`func` taking every Plan option (in its `**plan`), after its own parameters."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    return _with_options(func, [inspect.Parameter(n, keyword, default=None, annotation=a) for n, a in PlanOpt.items()])
 
 
 # Options that are not Plan fields: one declaration each.
@@ -167,9 +172,7 @@ def estimate(
     print_estimate(result)
 
 
-@app.command()
-def plan(
-    model: Annotated[str, typer.Argument(help="catalog name or path to a config.json")],
+def _search_options(
     gpu: Gpu = "H100",
     gpus: Gpus = 8,
     gpus_per_node: GpusPerNode = None,
@@ -181,23 +184,39 @@ def plan(
     stack: Stack = None,
     power_limit: PowerLimit = None,
     objective: Annotated[str, typer.Option(help="throughput | memory | cost")] = "throughput",
-    top: Annotated[int, typer.Option(help="plans to show")] = 10,
-    tokens: Annotated[str | None, typer.Option(help="token budget to train, e.g. 15T")] = None,
-    price_per_gpu_hour: Annotated[float | None, typer.Option(help="price of one GPU-hour")] = None,
-    export: Annotated[str | None, typer.Option(help="write the best plan as torchtitan | megatron | deepspeed")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="file for --export (default: stdout)")] = None,
     cuda_graphs: CudaGraphs = None,
     fused_activation: FusedActivation = None,
     fused_cross_entropy: FusedCrossEntropy = None,
     ep_dispatch: EpDispatchChoice = "auto",
     ep_comm_overlap: EpCommOverlapChoice = None,
     workers: Workers = 0,
+) -> None:
+    """The options `plan` and `report` share (their one declaration; `with_search_options`)."""
+
+
+def with_search_options(func: Any) -> Any:
+    """`func` taking the search options (in its `**search`), after its own parameters."""
+    return _with_options(func, list(inspect.signature(_search_options, eval_str=True).parameters.values()))
+
+
+@app.command()
+@with_search_options
+def plan(
+    model: Annotated[str, typer.Argument(help="catalog name or path to a config.json")],
+    top: Annotated[int, typer.Option(help="plans to show")] = 10,
+    tokens: Annotated[str | None, typer.Option(help="token budget to train, e.g. 15T")] = None,
+    price_per_gpu_hour: Annotated[float | None, typer.Option(help="price of one GPU-hour")] = None,
+    export: Annotated[str | None, typer.Option(help="write the best plan as torchtitan | megatron | deepspeed")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="file for --export (default: stdout)")] = None,
     executor: Annotated[str, typer.Option(help="local | ray")] = "local",
     as_json: AsJson = False,
+    **search: Any,
 ) -> None:
     """Search every valid plan, prune by memory, rank by throughput (or memory / cost)."""
-    options = {k: v for k, v in locals().items() if k not in ("as_json", "output", "price_per_gpu_hour")}
     from shardscope.planner.runner import plan_document, plan_search
+
+    options = dict(search, model=model, top=top, tokens=tokens, export=export, executor=executor)
+    gpus, gpu, objective = search["gpus"], search["gpu"], search["objective"]
 
     try:
         if output is not None:
@@ -290,39 +309,27 @@ def budget(
 
 
 @app.command()
+@with_search_options
 def report(
     model: Annotated[str, typer.Argument(help="catalog name or path to a config.json")],
     output: Annotated[Path, typer.Option("-o", "--output", help="HTML file to write")] = Path("report.html"),
-    gpu: Gpu = "H100",
-    gpus: Gpus = 8,
-    gpus_per_node: GpusPerNode = None,
-    seq_len: SeqLen = 4096,
-    global_batch: GlobalBatch = 256,
-    video: Video = None,
-    precision: PrecisionOpt = "bf16",
-    fp8_recipe: Fp8Recipe = None,
-    stack: Stack = None,
-    power_limit: PowerLimit = None,
-    objective: Annotated[str, typer.Option(help="throughput | memory | cost")] = "throughput",
-    cuda_graphs: CudaGraphs = None,
-    fused_activation: FusedActivation = None,
-    fused_cross_entropy: FusedCrossEntropy = None,
-    ep_dispatch: EpDispatchChoice = "auto",
-    ep_comm_overlap: EpCommOverlapChoice = None,
-    workers: Workers = 0,
+    **search: Any,
 ) -> None:
     """Search the plans and write a self-contained interactive HTML report."""
     from shardscope.planner.runner import SEARCH_OPTIONS, search_setup
-    from shardscope.planner.search import search
+    from shardscope.planner.search import search as run_search
     from shardscope.report.html import write_report
     from shardscope.sim import simulate_step
 
     try:
         _check_output_path(output)
-        spec, cluster, seq_len, space = search_setup(**{k: v for k, v in locals().items() if k in SEARCH_OPTIONS})
-        result = search(spec, cluster, global_batch, seq_len, objective, space, workers=workers)
+        options = dict(search, model=model)
+        spec, cluster, seq_len, space = search_setup(**{k: v for k, v in options.items() if k in SEARCH_OPTIONS})
+        result = run_search(
+            spec, cluster, search["global_batch"], seq_len, search["objective"], space, workers=search["workers"]
+        )
         if not result.candidates:
-            raise ShardscopeError(f"no plan of {spec.name} fits {gpus}x {cluster.gpu.name} at this batch")
+            raise ShardscopeError(f"no plan of {spec.name} fits {search['gpus']}x {cluster.gpu.name} at this batch")
         best = result.candidates[0].plan
         try:
             sim = simulate_step(spec, cluster, best)
