@@ -14,7 +14,7 @@ from shardscope.plan.plan import Plan
 from shardscope.validate.metrics import predicted_metric
 from shardscope.validate.rows import SkipRow, case_from_row
 
-REQUIRED_COLUMNS = {"id", "model", "gpu", "num_gpus", "metric", "value"}
+REQUIRED_COLUMNS = {"id", "model", "gpu", "num_gpus", "seq_len", "metric", "value"}  # a training-run file
 GROUPINGS = ("metric", "stack", "source", "gpu", "arch", "precision", "moe_layers")
 
 
@@ -113,7 +113,10 @@ def read_rows(path: Path) -> list[dict[str, str]]:
             reader = csv.DictReader(fh)
             missing = REQUIRED_COLUMNS - set(reader.fieldnames or ())
             if missing:
-                raise ShardscopeError(f"{path}: missing columns {', '.join(sorted(missing))}")
+                raise ShardscopeError(
+                    f"{path}: missing columns {', '.join(sorted(missing))} (validate reads measured training runs "
+                    "with the columns of shared/validation/training_public.csv)"
+                )
             return list(reader)
     except FileNotFoundError:
         raise ShardscopeError(f"validation file not found: {path}") from None
