@@ -302,6 +302,39 @@ def apply_compile(model: Transformer) -> None:
         model.layers.register_module(layer_id, torch.compile(block, fullgraph=True))
 
 
+def apply_op_sac(model: Transformer) -> None:
+    """torchtitan's selective op activation checkpointing (distributed/activation_checkpoint.py, 0.2.2): per
+    block, save the outputs of matmuls (all but every second one), SDPA and max; recompute the rest."""
+    from collections import defaultdict
+
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    aten = torch.ops.aten
+    save = {aten.mm.default, aten.max.default}
+    for name in ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_cudnn_attention"):  # fmt: skip
+        save.add(getattr(aten, name).default)
+
+    def policy_for(meta):
+        def policy(ctx, func, *args, **kwargs):
+            mode = "recompute" if ctx.is_recompute else "forward"
+            if func == aten.mm.default:
+                meta[mode] += 1
+            keep = func in save and not (func == aten.mm.default and meta[mode] % 2 == 0)
+            return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return policy
+
+    def context_fn():
+        return create_selective_checkpoint_contexts(policy_for(defaultdict(int)))
+
+    for layer_id, block in list(model.layers.named_children()):
+        model.layers.register_module(
+            layer_id, checkpoint_wrapper(block, context_fn=context_fn, preserve_rng_state=False)
+        )
+
+
 def apply_fsdp(model: Transformer, mesh) -> None:
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
@@ -335,10 +368,12 @@ def get_mesh(device: torch.device):
     return _MESH["mesh"]
 
 
-def build(route: str, mode: str, a: ModelArgs, device: torch.device) -> Setup:
-    """Meta-device model -> compile -> (FSDP) -> to_empty -> init_weights, in torchtitan's order."""
+def build(route: str, mode: str, a: ModelArgs, device: torch.device, ac: str = "none") -> Setup:
+    """Meta-device model -> AC -> compile -> (FSDP) -> to_empty -> init_weights, in torchtitan's order."""
     with torch.device("meta"):
         model = Transformer(a)
+    if ac == "op":
+        apply_op_sac(model)
     if route == "bf16copy":
         model.to_empty(device=device)
         model.init_weights(device)
@@ -391,13 +426,20 @@ def run_config(route: str, mode: str, n_layers: int, opts, device: torch.device)
     cuda = device.type == "cuda"
     clock = Clock(cuda)
     a = ModelArgs(**{**asdict(opts.model_args), "n_layers": n_layers})
-    rec: dict = {"route": route, "mode": mode, "n_layers": n_layers, "batch": opts.batch, "seq_len": opts.seq_len}
+    rec: dict = {
+        "route": route,
+        "mode": mode,
+        "n_layers": n_layers,
+        "batch": opts.batch,
+        "seq_len": opts.seq_len,
+        "ac": opts.ac,
+    }
     setup = optimizer = loss_fn = tokens = labels = None
     t0 = time.perf_counter()
     try:
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        setup = build(route, mode, a, device)
+        setup = build(route, mode, a, device, opts.ac)
         rec["n_params"] = sum(p.numel() for p in setup.params)
         fc = setup.forward_model.freqs_cis
         assert fc.dtype == torch.complex64 and fc.shape == (opts.seq_len, a.dim // a.n_heads // 2), fc.dtype
@@ -640,6 +682,7 @@ def parse(argv: list[str]):
         help="torchtitan: its sdpa_kernel([cuDNN, flash, math], set_priority=True); default: none",
     )
     ap.add_argument("--budget-s", type=float, default=225.0, help="configurations not started by then are skipped")
+    ap.add_argument("--ac", choices=["none", "op"], default="none", help="op: torchtitan's selective op AC per block")
     opts = ap.parse_args(argv)
     if opts.cpu_smoke:
         opts.model_args = ModelArgs(
