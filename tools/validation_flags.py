@@ -246,7 +246,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
             attention_kernel=_attention_kernel(row),
             tp_comm_overlap=settings.get("tp_comm_overlap", row.get("source") in MEGATRON_SOURCES),
             fused_activation=megatron_core(row),
-            fused_cross_entropy=fused_cross_entropy(row),
+            fused_cross_entropy=settings.get("fused_cross_entropy", fused_cross_entropy(row)),
             causal_block_skip=row.get("source") != "MOSAICML_LLMFOUNDRY",
             ep=_int(row, "ep", 1),
             capacity_factor=settings.get("capacity_factor", 0.0),

@@ -81,6 +81,23 @@ def embedding_group(model: ModelSpec, plan: Plan) -> OpGroup:
     return OpGroup(tuple(ops), (), tuple(comms))
 
 
+# Bytes per logit (forward, backward) the loss kernels move. Unfused, ATen's log_softmax + nll_loss over an
+# fp32 copy: forward the cast (read 2, write 4) and log_softmax, whose rows of a large vocabulary exceed a
+# block's shared memory, so it reads them three times (max, sum, output) and writes once (16); backward
+# nll's gradient (write 4), log_softmax's (read the gradient twice and the output once, write: 16) and the
+# cast back (6). torch.compile's loss kernels (Inductor splits the reduction): measured 4 and 10 bytes'
+# worth. A fused cross-entropy kernel: read the bf16 logits once forward; backward reads them and writes
+# the bf16 gradient. Measured on one H100 at 8192 x 128256 (validation/loss_regions_h100.json): eager
+# 8.9 ms forward, 11.2 backward (these counts give 8.1 and 9.6); compiled 1.5 and 3.7.
+LOSS_BYTES = {"unfused": (BF16 + 5 * FP32, 6 * FP32 + BF16), "compiled": (4.0, 10.0), "fused": (BF16, 2 * BF16)}
+
+
+def loss_op(plan: Plan, logits: float) -> Op:
+    kind = "fused" if plan.fused_cross_entropy else "compiled" if plan.compile else "unfused"
+    fwd, bwd = LOSS_BYTES[kind]
+    return Op("cross-entropy", "memory", bytes=fwd * logits, bwd_bytes=bwd * logits)
+
+
 def head_group(model: ModelSpec, plan: Plan) -> OpGroup:
     """Final norm, output projection and cross-entropy (vocab-parallel over TP): unfused, the logits are
     upcast to fp32 and the fp32 copy kept for the softmax gradient; a fused kernel keeps the bf16 logits
@@ -93,12 +110,7 @@ def head_group(model: ModelSpec, plan: Plan) -> OpGroup:
     ops = [
         fnorm,
         gemm("output proj", t, int(v), model.hidden),
-        # unfused fwd: read bf16 logits, write fp32 copy, read it for max/logsumexp; bwd: softmax grad
-        # (fp32 read + write) and the cast of the gradient back to bf16. Fused: read the bf16 logits once
-        # forward; backward reads them and writes the bf16 gradient.
-        Op("cross-entropy", "memory", bytes=BF16 * logits, bwd_bytes=2 * BF16 * logits)
-        if plan.fused_loss
-        else Op("cross-entropy", "memory", bytes=(BF16 + 2 * FP32) * logits, bwd_bytes=(3 * FP32 + BF16) * logits),
+        loss_op(plan, logits),
     ]
     saved = [
         Saved("final norm input", BF16 * t_sp * model.hidden, ALL),
