@@ -24,9 +24,11 @@ def print_estimate(est: Estimate, console: Console | None = None) -> None:
     p = est.plan
     mem, t = est.memory, est.time
     modules = f" ({', '.join(p['recompute_modules'])})" if p.get("recompute_modules") else ""
+    ep = f" EP{p['ep']} ({p['ep_dispatch']})" if p["ep"] > 1 else ""
+    stack = f" under {est.stack}" if est.stack else ""
     head = (
-        f"[bold]{est.model}[/] on {est.gpus}× {est.gpu} — TP{p['tp']} PP{p['pp']}"
-        f"{'×' + str(p['vpp']) if p['vpp'] > 1 else ''} CP{p['cp']} DP{p['dp']} {p['sharding']}{_dtypes(p)}, "
+        f"[bold]{est.model}[/] on {est.gpus}× {est.gpu}{stack} — TP{p['tp']} PP{p['pp']}"
+        f"{'×' + str(p['vpp']) if p['vpp'] > 1 else ''} CP{p['cp']}{ep} DP{p['dp']} {p['sharding']}{_dtypes(p)}, "
         f"recompute {p['recompute']}{modules}, "
         f"micro-batch {p['micro_batch']} × {p['grad_accum']} accum, "
         f"global batch {p['global_batch']} × {p['seq_len']} tokens"
