@@ -157,7 +157,7 @@ def test_no_source_names_or_row_ids_in_src():
 def test_torchtitan_stack_against_a_measured_step_on_one_h100():
     """torchtitan's Llama-3.1-8B blocks (full width, 2 and 4 layers, seq 8192, FSDP2 on one H100, torch
     2.11; bench/device/torchtitan_llama_step.py): per block, the estimate's forward+backward time is within
-    15% of the measured (it is 12% fast: the GEMMs of nn.Linear run slower than the sustained rate), and
+    15% of the measured (7% fast: PyTorch's fused RMSNorm backward runs slower than its bytes), and
     its peak-memory growth within 5%: params + Adam + the larger of grads and activations, since
     `zero_grad(set_to_none=True)` frees the grads; a persistent grad buffer would be 16% over."""
     import dataclasses
