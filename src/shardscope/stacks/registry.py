@@ -89,25 +89,28 @@ def _version(release: str) -> tuple[int, ...]:
 
 
 @cache
-def _stack_files() -> dict[str, dict]:
-    out = {}
-    for entry in resources.files("shardscope.stacks").iterdir():
-        if entry.name.endswith(".yaml"):
-            import yaml
+def stack_names() -> tuple[str, ...]:
+    """The stacks shipped: one `NAME.yaml` each beside this module."""
+    files = resources.files("shardscope.stacks").iterdir()
+    return tuple(sorted(e.name.removesuffix(".yaml") for e in files if e.name.endswith(".yaml")))
 
-            data = yaml.safe_load(entry.read_text())
-            out[data["name"]] = data
-    return out
+
+@cache
+def _stack_file(name: str) -> dict:
+    """One stack file, read only when asked for (a CLI run reads one)."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load((resources.files("shardscope.stacks") / f"{name}.yaml").read_text(), Loader=loader)
 
 
 def list_stacks() -> list[Stack]:
     """Every stack at its default release."""
-    return [load_stack(name) for name in sorted(_stack_files())]
+    return [load_stack(name) for name in stack_names()]
 
 
 def known_releases(name: str) -> list[str]:
-    data = _stack_files()[name]
-    return [str(r) for r in data.get("known_releases", ())]
+    return [str(r) for r in _stack_file(name).get("known_releases", ())]
 
 
 def _nearest(release: str, known: list[str]) -> str:
@@ -138,10 +141,9 @@ def load_stack(spec: str = DEFAULT_STACK) -> Stack:
     name, _, release = (spec or DEFAULT_STACK).strip().lower().partition("@")
     name = ALIASES.get(name, name)
     release = release.strip().removeprefix("v")
-    files = _stack_files()
-    if name not in files:
-        raise ShardscopeError(f"unknown stack {name!r}; choose one of {', '.join(sorted(files))}")
-    data = files[name]
+    if name not in stack_names():
+        raise ShardscopeError(f"unknown stack {name!r}; choose one of {', '.join(stack_names())}")
+    data = _stack_file(name)
     known = known_releases(name)
     warnings: list[str] = []
     if not release:
