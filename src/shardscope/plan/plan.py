@@ -389,6 +389,11 @@ def option_flag(f: Any) -> str:
     return "--" + (f.metadata.get("flag") or f.name).replace("_", "-")
 
 
+@lru_cache(maxsize=1)
+def plan_field_names() -> frozenset[str]:
+    return frozenset(f.name for f in fields(Plan))
+
+
 @lru_cache(maxsize=len(SECTIONS))
 def section_fields(section: str) -> tuple[str, ...]:
     """The Plan fields declared in `section`."""

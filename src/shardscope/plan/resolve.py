@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
-from shardscope.plan.plan import Plan, cuda_graph_problem, ep_overlap_problem, make_plan
+from shardscope.plan.plan import Plan, cuda_graph_problem, ep_overlap_problem, make_plan, plan_field_names
 from shardscope.records import evolve
 from shardscope.stacks import Stack, load_stack
 
@@ -23,6 +24,9 @@ def stack_plan(model: ModelSpec, cluster: Cluster, stack: Stack | str | None = N
     if stated.pop("async_tp", False):  # torchtitan's async TP: the TP collectives overlap the GEMMs
         stated["tp_comm_overlap"] = True
     defaults = st.plan_defaults()
+    unknown = sorted(set(defaults) - plan_field_names())
+    if unknown:
+        raise ShardscopeError(f"stack {st.label} sets {', '.join(unknown)}, which no plan has")
     if not model.mtp_layers:
         defaults.pop("mtp", None)  # a stack that trains MTP modules trains none of a model without them
     if not (stated.get("shard_group") or any(k in stated for k in ("zero", "fsdp"))):

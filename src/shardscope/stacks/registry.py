@@ -14,17 +14,12 @@ from typing import Any
 
 from shardscope.errors import ShardscopeError
 
-# Settings a stack may set: Plan fields (the plan's defaults where the user sets nothing) and two that
-# are not plan fields: `sharding` (the data-parallel state sharding a run gets when the user names none,
-# and what a Megatron "DDP" means: with the distributed optimizer, ZeRO-1) and the FLOP counter of the
-# framework's own throughput report (`flops_attention`: causal | full; `flops_exact_glu_window`).
-PLAN_KEYS = (
-    "attention_kernel", "causal_block_skip", "fused_activation", "fused_cross_entropy", "eager_elementwise",
-    "linear_impl", "compile", "tp_comm_overlap", "overlap_grad_reduce", "fsdp_prefetch", "reshard_after_forward",
-    "cuda_graphs", "ep_dispatch", "ep_comm_overlap", "fp8_recipe", "main_grads", "optimizer_moments",
-    "micro_batch", "persistent_grads", "mtp", "complex_rope", "recompute_alternate_mm",
-)  # fmt: skip
-STACK_KEYS = (*PLAN_KEYS, "sharding", "flops_attention", "flops_exact_glu_window")
+# A stack's settings are Plan fields (the plan's defaults where the user sets nothing; `plan.resolve`
+# checks them against the Plan) and these, which are not: `sharding` (the data-parallel state sharding a
+# run gets when the user names none, and what a Megatron "DDP" means: with the distributed optimizer,
+# ZeRO-1) and the FLOP counter of the framework's own throughput report (`flops_attention`: causal | full;
+# `flops_exact_glu_window`).
+STACK_ONLY_KEYS = ("sharding", "flops_attention", "flops_exact_glu_window")
 SHARDINGS = ("ddp", "zero1", "fsdp")
 # The stack of a run that names none: Megatron-Core with Transformer Engine, as its examples run it.
 DEFAULT_STACK = "megatron"
@@ -63,7 +58,7 @@ class Stack:
 
     def plan_defaults(self) -> dict[str, Any]:
         """The plan fields this stack sets."""
-        return {k: s.value for k, s in self.settings.items() if k in PLAN_KEYS}
+        return {k: s.value for k, s in self.settings.items() if k not in STACK_ONLY_KEYS}
 
     def sharding_kwargs(self, cell: str = "") -> dict[str, Any]:
         """Plan keywords for the sharding a run states: "" (the stack's default) or "ddp" (for a stack whose
@@ -162,9 +157,6 @@ def load_stack(spec: str = DEFAULT_STACK) -> Stack:
         rel = str(rel)
         if release and _version(rel) <= _version(release) or rel == release:
             settings |= {k: Setting(v["value"], v["source"], rel) for k, v in changes.items()}
-    unknown = sorted(set(settings) - set(STACK_KEYS))
-    if unknown:
-        raise ShardscopeError(f"stack {name}: unknown settings {', '.join(unknown)}")
     if settings.get("sharding") and settings["sharding"].value not in SHARDINGS:
         raise ShardscopeError(f"stack {name}: sharding must be one of {', '.join(SHARDINGS)}")
     return Stack(name, release, data["title"], settings, tuple(warnings))
