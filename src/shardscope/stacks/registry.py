@@ -7,6 +7,7 @@ comes from. An unknown release resolves to the nearest known one, with a warning
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -135,7 +136,8 @@ def load_stack(spec: str = DEFAULT_STACK) -> Stack:
     """`NAME` or `NAME@RELEASE` (`nemo@25.04`, `megatron@2021`), resolved against the stack files."""
     name, _, release = (spec or DEFAULT_STACK).strip().lower().partition("@")
     name = ALIASES.get(name, name)
-    release = release.strip().removeprefix("v")
+    if found := re.search(r"\d+(?:\.\d+)*", release):  # "v0.2.0", "core_r0.12", "24.12-py3" as users write them
+        release = found.group(0)
     if name not in stack_names():
         raise ShardscopeError(f"unknown stack {name!r}; choose one of {', '.join(stack_names())}")
     data = _stack_file(name)
@@ -143,6 +145,10 @@ def load_stack(spec: str = DEFAULT_STACK) -> Stack:
     warnings: list[str] = []
     if not release:
         release = str(data.get("default_release", ""))
+    elif known and not _version(release):  # "main", "nightly", "latest"
+        newest = max(known, key=_version)
+        warnings.append(f"{name}@{release} is not a release number; using the newest known, {name}@{newest}")
+        release = newest
     elif known and release not in known and _version(release) in {_version(r) + (0,) for r in known}:
         release = next(r for r in known if _version(r) + (0,) == _version(release))  # "0.2.0" is 0.2
     elif known and release not in known:
