@@ -245,3 +245,13 @@ def test_torchtitan_op_sac_recomputes_every_second_matmul():
     tt = shardscope.estimate("llama3.1-8b", stack="torchtitan", **kw)
     plain = shardscope.estimate("llama3.1-8b", stack="torchtitan", recompute_alternate_mm=False, **kw)
     assert tt.time.recompute_s > 2 * plain.time.recompute_s
+
+
+def test_gpu_marketing_names_are_read_by_part_and_memory():
+    from shardscope.hardware.catalog import load_gpu
+
+    names = {"H100 80GB HBM3": "H100", "NVIDIA A100-SXM4-40GB (DGX-A100)": "A100-40GB", "H100 96GB HBM2e": "H100-96GB",
+             "H200 141GB HBM3": "H200", "H100 SXM": "H100"}  # fmt: skip
+    assert {n: load_gpu(n).name for n in names} == names
+    with pytest.raises(ShardscopeError, match="unknown GPU"):
+        load_gpu("H100 40GB")  # no such part

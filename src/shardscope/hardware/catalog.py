@@ -8,6 +8,7 @@ Users describe their own in YAML or JSON (see `load_cluster_file`).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, fields, replace
 from functools import cache
 from importlib import resources
@@ -95,13 +96,28 @@ def list_gpus() -> list[GPU]:
     return list(_gpu_table().values())
 
 
+# Words of a GPU's marketing name that do not change which catalog entry it is
+_NAME_NOISE = {"nvidia", "sxm", "sxm4", "sxm5", "hbm3", "hbm3e", "hbm2e", "dgx", "hgx", "gpu", "tensor", "core"}
+
+
 def load_gpu(name: str) -> GPU:
-    """A GPU by catalog name or alias, case-insensitive (`H100`, `a100-80gb`, `GB200`)."""
+    """A GPU by catalog name or alias, case-insensitive (`H100`, `a100-80gb`, `GB200`); a marketing name
+    ("H100 80GB HBM3", "NVIDIA A100-SXM4-40GB (DGX-A100)") is read by its part and memory size."""
+    table = _gpu_table().values()
+
+    def find(key: str) -> GPU | None:
+        return next((g for g in table if key == g.name.lower() or key in g.aliases), None)
+
     key = name.strip().lower()
-    for gpu in _gpu_table().values():
-        if key == gpu.name.lower() or key in gpu.aliases:
-            return gpu
-    raise unknown_name("GPU", name, list(_gpu_table()))
+    words = [w for w in re.split(r"[\s_/-]+", re.sub(r"\(.*?\)", " ", key)) if w and w not in _NAME_NOISE]
+    gpu = find(key) or find("-".join(words)) or (find(words[0]) if len(words) == 1 else None)
+    if gpu is None and len(words) == 2 and re.fullmatch(r"\d+gb", words[1]):
+        base = find(words[0])  # "H100 80GB": the part named alone, if its memory is that size
+        if base is not None and abs(base.hbm_gib * 1.074 - int(words[1][:-2])) < 6:
+            gpu = base
+    if gpu is None:
+        raise unknown_name("GPU", name, [g.name for g in table])
+    return gpu
 
 
 def power_capped(gpu: GPU, watts: float) -> GPU:
