@@ -10,14 +10,13 @@ from __future__ import annotations
 import inspect
 import json
 import sys
-from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from shardscope.errors import ShardscopeError
-from shardscope.plan.plan import Plan, option_flag
+from shardscope.plan.plan import cli_fields, option_flag, option_type
 
 app = typer.Typer(
     add_completion=False,
@@ -31,7 +30,7 @@ app = typer.Typer(
 def _plan_option(f: Any) -> Any:
     """The Typer option of a Plan field: its flag, help and choices from the field's declaration; None
     (not given) lets the stack, then the Plan default, decide."""
-    kind = str if isinstance(f.default, tuple) or f.default is MISSING else type(f.default)
+    kind = option_type(f)
     flag = option_flag(f)
     meta = f.metadata
     choices = " | ".join(str(c) for c in meta.get("choices", ()))
@@ -42,7 +41,7 @@ def _plan_option(f: Any) -> Any:
 
 
 # Each Plan field's option, by field name: commands that take a few of them name them from here
-PlanOpt = {f.name: _plan_option(f) for f in fields(Plan) if f.metadata.get("cli", True)}
+PlanOpt = {f.name: _plan_option(f) for f in cli_fields()}
 _SEARCHED = (
     "seq_len",
     "global_batch",

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from shardscope.plan.plan import Plan
 
-RECIPES = ("tensorwise", "rowwise", "delayed", "blockwise", "mxfp8")
 CAST_BYTES = {"tensorwise": 5.0, "rowwise": 5.0, "delayed": 3.0, "blockwise": 4.0, "mxfp8": 4.0}
 TRANSPOSE_BYTES = 2.0
 # Kernels that quantize one GEMM operand: current ("tensorwise") scaling zeroes the amax, reduces it,

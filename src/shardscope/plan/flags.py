@@ -5,11 +5,10 @@ the field's default) or one of the cluster flags below. One declaration: the Pla
 from __future__ import annotations
 
 import shlex
-from dataclasses import MISSING, fields
 from typing import Any
 
 from shardscope.errors import ShardscopeError
-from shardscope.plan.plan import Plan, option_flag
+from shardscope.plan.plan import cli_fields, option_flag, option_type
 
 # Flags that describe the cluster or the run rather than a Plan field: name -> (keyword, type)
 CLUSTER_FLAGS: dict[str, tuple[str, type]] = {
@@ -21,13 +20,7 @@ ALIASES = {"async-tp": ("async_tp", bool)}
 
 def plan_flag_types() -> dict[str, tuple[str, type]]:
     """Each Plan option's flag (without the dashes) -> (field, the type its value is read as)."""
-    out = {}
-    for f in fields(Plan):
-        if not f.metadata.get("cli", True):
-            continue
-        kind = type(f.default) if f.default is not MISSING else str
-        out[option_flag(f)[2:]] = (f.name, str if kind is tuple else kind)
-    return out
+    return {option_flag(f)[2:]: (f.name, option_type(f)) for f in cli_fields()}
 
 
 def parse_flags(text: str, ignored: list[str] | None = None) -> dict[str, Any]:

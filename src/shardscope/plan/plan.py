@@ -88,8 +88,8 @@ class Plan:
     )
     # Megatron's precision-aware optimizer: Adam m and v (`exp_avg(_sq)_dtype`) and the gradient buffer
     # that backward accumulates into and DP reduces (`main_grads_dtype`)
-    optimizer_moments: str = opt("fp32", "sharding", "Adam m, v dtype (Megatron)", choices=("fp32", "bf16", "fp8"))
-    main_grads: str = opt("fp32", "sharding", "gradient buffer dtype (Megatron)", choices=("fp32", "bf16"))
+    optimizer_moments: str = opt("fp32", "sharding", "Adam m, v dtype (Megatron)", choices=tuple(MOMENT_BYTES))
+    main_grads: str = opt("fp32", "sharding", "gradient buffer dtype (Megatron)", choices=tuple(MAIN_GRAD_BYTES))
     # the gradient buffer lives through the step (Megatron's contiguous `main_grad` buffer, DeepSpeed's
     # partitions); False: PyTorch's `zero_grad(set_to_none=True)` frees the grads after each step, so
     # without accumulation they grow in backward only as the activations are freed
@@ -374,10 +374,8 @@ def cuda_graph_problem(model: ModelSpec, plan: Plan) -> str | None:
 
 def check_precision(precision: str, fp8_recipe: str, gpu: GPU) -> None:
     """`--precision` and `--fp8-recipe` name a known format that `gpu`'s tensor cores run."""
-    if precision not in ("bf16", "fp16", "fp8"):
-        raise ShardscopeError(f"--precision must be bf16, fp16 or fp8, got {precision!r}")
-    if fp8_recipe not in FP8_RECIPES:
-        raise ShardscopeError(f"--fp8-recipe must be one of {', '.join(FP8_RECIPES)}, got {fp8_recipe!r}")
+    check_choice("precision", precision)
+    check_choice("fp8_recipe", fp8_recipe)
     if precision == "fp8":
         gpu.peak_tflops("fp8")  # raises for GPUs without FP8 tensor cores
         if fp8_recipe == "mxfp8" and gpu.arch != "blackwell":
@@ -406,16 +404,31 @@ def section_values(plan: Plan, section: str) -> tuple:
 
 
 @lru_cache(maxsize=1)
-def _choice_fields() -> tuple[tuple[str, str, tuple], ...]:
-    return tuple((f.name, option_flag(f), f.metadata["choices"]) for f in fields(Plan) if f.metadata.get("choices"))
+def _choice_fields() -> dict[str, tuple[str, tuple]]:
+    return {f.name: (option_flag(f), f.metadata["choices"]) for f in fields(Plan) if f.metadata.get("choices")}
+
+
+def check_choice(name: str, value: Any) -> None:
+    """Plan field `name` holds one of its declared `choices` (the error names the flag and the choices)."""
+    flag, choices = _choice_fields()[name]
+    if value not in choices:
+        raise ShardscopeError(f"{flag} must be one of {', '.join(str(c) for c in choices)}, got {value!r}")
 
 
 def check_choices(plan: Plan) -> None:
-    """Every field with `choices` holds one of them (the error names the flag and the choices)."""
-    for name, flag, choices in _choice_fields():
-        if getattr(plan, name) not in choices:
-            valid = ", ".join(str(c) for c in choices)
-            raise ShardscopeError(f"{flag} must be one of {valid}, got {getattr(plan, name)!r}")
+    """Every field with `choices` holds one of them."""
+    for name in _choice_fields():
+        check_choice(name, getattr(plan, name))
+
+
+def cli_fields() -> tuple[Any, ...]:
+    """The Plan fields a user sets by flag (all but those the plan derives, as `causal`)."""
+    return tuple(f for f in fields(Plan) if f.metadata.get("cli", True))
+
+
+def option_type(f: Any) -> type:
+    """The type a flag's value is read as: the field default's (a tuple field is given as "a,b")."""
+    return str if isinstance(f.default, tuple) else type(f.default)
 
 
 def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
