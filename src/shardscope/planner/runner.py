@@ -71,33 +71,26 @@ def search_setup(
     from shardscope import video_seq_len
     from shardscope.stacks import load_stack
 
-    st = load_stack(stack or "")
-    kernels = st.plan_defaults()
-    fp8_recipe = fp8_recipe if fp8_recipe is not None else kernels.pop("fp8_recipe", "tensorwise")
-    cuda_graphs = cuda_graphs if cuda_graphs is not None else kernels.pop("cuda_graphs", "")
-    if fused_activation is None:
-        fused_activation = kernels.pop("fused_activation", False)
-    if fused_cross_entropy is None:
-        fused_cross_entropy = kernels.pop("fused_cross_entropy", False)
-    for decided in ("fp8_recipe", "cuda_graphs", "fused_activation", "fused_cross_entropy", "micro_batch",
-                    "ep_dispatch", "ep_comm_overlap"):  # fmt: skip
-        kernels.pop(decided, None)  # set above, or searched
+    kernels = load_stack(stack or "").plan_defaults()
+    given = {"fp8_recipe": fp8_recipe, "cuda_graphs": cuda_graphs, "fused_activation": fused_activation,
+             "fused_cross_entropy": fused_cross_entropy}  # fmt: skip
+    # each of these: as given, else the stack's, else the search space's default; the rest are searched
+    chosen = {k: kernels[k] for k in given if k in kernels} | {k: v for k, v in given.items() if v is not None}
+    for decided in (*given, "micro_batch", "ep_dispatch", "ep_comm_overlap"):
+        kernels.pop(decided, None)
     spec = load_model(model)
     cluster = make_cluster(gpu, gpus, gpus_per_node, power_limit_w=power_limit)
     if video:
         seq_len = video_seq_len(spec, video)
     if precision not in ("bf16", "fp8"):
         raise ShardscopeError(f"--precision must be bf16 or fp8, got {precision!r}")
-    check_precision(precision, fp8_recipe, cluster.gpu)
     space = SearchSpace(
-        cuda_graphs=cuda_graphs,
-        fused_activation=fused_activation,
-        fused_cross_entropy=fused_cross_entropy,
         precision=precision,
-        fp8_recipe=fp8_recipe,
         kernels=tuple(sorted(kernels.items())),
+        **chosen,
         **moe_choices(ep_dispatch, ep_comm_overlap),
     )
+    check_precision(precision, space.fp8_recipe, cluster.gpu)
     return spec, cluster, seq_len, space
 
 
