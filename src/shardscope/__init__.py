@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from shardscope.hardware.catalog import Cluster
     from shardscope.models.spec import ModelSpec
     from shardscope.plan.plan import Plan
+    from shardscope.stacks import Stack
 
 __version__ = "0.1.0"
 __all__ = ["Estimate", "estimate", "setup"]
@@ -83,7 +84,7 @@ def estimate(
     return _with_stack(result.estimate, resolved)
 
 
-def _with_stack(est: Estimate, stack) -> Estimate:
+def _with_stack(est: Estimate, stack: Stack) -> Estimate:
     from shardscope.records import evolve
 
     return evolve(est, stack=stack.label, warnings=est.warnings + stack.warnings)
@@ -97,7 +98,7 @@ def setup(
     gpus_per_node: int | None = None,
     cluster_file: str | Path | None = None,
     video: str | None = None,
-    stack: object = None,
+    stack: Stack | str | None = None,
     power_limit_w: float | None = None,
     **plan: object,
 ) -> tuple[ModelSpec, Cluster, Plan]:
