@@ -196,7 +196,9 @@ def test_wan_block_saved_activations_match_pytorch(name):
     """What a real Wan block, built as Megatron-DFM builds it (`torch_reference.WanBlock`), keeps for
     backward at full size under FakeTensorMode equals the graph's saved tensors (to 0.1%; the rest is the
     adaLN vectors and the CPU LayerNorm's statistics): among them the cross-attention's q/k RMSNorm
-    inputs, the q projection's output and the text keys, which the graph once left out (3.8% short)."""
+    inputs, the q projection's output and the text keys, which the graph once left out (3.8% short).
+    The graph runs the block as Megatron-DFM does under `--fused-activation` (else as diffusers does:
+    test_state_whole `test_wan_block_memory_matches_fake_tensor`)."""
     m = load_model(name)
     s, text = 4096, m.dit.text_len
     with FakeTensorMode():
@@ -207,7 +209,7 @@ def test_wan_block_saved_activations_match_pytorch(name):
         out = block(x, context, time_embedding, cos, sin)
         # the text context is one tensor every block reads: not this block's activation
         measured, _ = saved_activation_bytes(out, [*block.parameters(), context, cos, sin])
-    plan = make_plan(m, make_cluster("H100", 1), global_batch=1, seq_len=s)
+    plan = make_plan(m, make_cluster("H100", 1), global_batch=1, seq_len=s, fused_activation=True)
     assert build_stage_graph(m, plan).layer.saved_bytes("none") == pytest.approx(measured, rel=1e-3)
 
 

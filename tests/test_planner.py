@@ -106,9 +106,10 @@ def test_parse_tokens(text, value):
 def test_training_cost():
     e = shardscope.estimate("llama3.1-8b", gpus=64, global_batch=256, seq_len=8192, zero=1)
     tc = training_cost(e, 15e12, 2.0)
-    assert tc.days == pytest.approx(15e12 / e.tokens_per_s / 86400)
+    assert isinstance(tc.steps, int) and tc.steps == -(-15e12 // e.tokens_per_step)  # whole steps, rounded up
+    assert tc.days == pytest.approx(tc.steps * e.step_time_s / 86400)
     assert tc.gpu_hours == pytest.approx(tc.days * 24 * 64)
-    assert tc.cost == pytest.approx(2.0 * tc.gpu_hours)
+    assert tc.cost_usd == pytest.approx(2.0 * tc.gpu_hours)
 
 
 PLANS = [
@@ -220,7 +221,7 @@ def test_plan_cli_json_and_export(tmp_path):
     first = d["plans"][0]
     for key in ("plan", "fits", "step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "memory"):
         assert key in first
-    assert first["training"]["cost"] == pytest.approx(2 * first["training"]["gpu_hours"])
+    assert first["training"]["cost_usd"] == pytest.approx(2 * first["training"]["gpu_hours"])
     assert tomllib.loads(out.read_text())["parallelism"]["tensor_parallel_degree"] == first["plan"]["tp"]
     assert first["warnings"] == []  # a dense model's plans carry no MoE caveat
 

@@ -14,23 +14,32 @@ import shardscope
 from shardscope.cli import app
 from shardscope.errors import ShardscopeError
 from shardscope.sim.engine import Layout, run_schedule
-from shardscope.sim.schedules import build_schedule
+from shardscope.sim.schedules import build_schedule, dualpipe_units
+from shardscope.sim.step import run_units
 
 
 def _unit_bubble(name: str, p: int, m: int, v: int = 1, f: float = 1.0, b: float = 1.0, w: float = 1.0) -> float:
     """Idle time of the pipeline with fixed action times: span minus one rank's work."""
     lanes = build_schedule(name, p, v, m)
-    split = name in ("zb-h1", "dualpipe")
-    if name == "dualpipe":
+    split = name == "zb-h1"
+    if name == "dualpipe":  # its published order, pairs run as one; only its W-split backwards leave W
         ranks = list(range(p)) + [p - 1 - s for s in range(p)]
         layout = Layout(
             ranks.__getitem__,
             lambda c: None if c in (0, p) else c - 1,
             lambda c: None if c in (p - 1, 2 * p - 1) else c + 1,
         )
-    else:
-        n = p * v
-        layout = Layout(lambda c: c % p, lambda c: c - 1 if c > 0 else None, lambda c: c + 1 if c < n - 1 else None)
+        units = dualpipe_units(p, m)
+        later = {(a.mb, a.chunk) for rank in units for u in rank for a in u.actions if a.kind == "W"}
+        full = {"F": f, "W": w}
+
+        def dual(r: int, a, overlapped: bool) -> float:
+            return full.get(a.kind, b + (0.0 if (a.mb, a.chunk) in later else w))
+
+        tl = run_units(units, layout, dual, 0.0)
+        return max(t.end_s for r in tl for t in r) - m * (f + b + w)
+    n = p * v
+    layout = Layout(lambda c: c % p, lambda c: c - 1 if c > 0 else None, lambda c: c + 1 if c < n - 1 else None)
     times = {"F": f / v, "B": (b if split else b + w) / v, "W": w / v}
     cap = (lambda r: r) if name == "zb-h1" else None
     tl = run_schedule(lanes, layout, lambda r, a: times[a.kind], 0.0, split_w=split, max_pending_w=cap)
@@ -162,6 +171,7 @@ def test_cli_simulate_and_trace(tmp_path):
             "64",
             "--seq-len",
             "8192",
+            "--simulate",
             "--trace",
             str(path),
             "--json",
@@ -170,3 +180,4 @@ def test_cli_simulate_and_trace(tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert path.is_file() and "simulated with the interleaved schedule" in d["warnings"][-1]
+    assert json.loads(path.read_text())["metadata"]["schedule"] == "interleaved"

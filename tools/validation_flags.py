@@ -200,7 +200,7 @@ def recipe_cuda_graphs(recipe: dict) -> tuple[str, ...]:
 def _moe_settings(row: dict[str, str], recipe: dict | None) -> dict:
     """EP overlap and dispatch: the recipe's where known, else the defaults of Megatron-Bridge perf runs
     (flex dispatcher, overlap where Megatron-Core allows it: no pipeline or an interleaved one)."""
-    if recipe is not None:
+    if recipe is not None and "dispatcher" in recipe:  # an MoE run's recipe
         return {
             "ep_comm_overlap": recipe["ep_comm_overlap"],
             "ep_dispatch": "flat" if recipe["dispatcher"] == "alltoall" else recipe["dispatcher"],
@@ -217,7 +217,7 @@ def case_from_row(row: dict[str, str]) -> RowCase:
     cluster = make_cluster(row["gpu"], _int(row, "num_gpus"))
     recipe = run_recipe(row)
     settings = recipe or {}  # the recipe's optional fields, each with the frameworks' default
-    recompute = (row.get("recompute") or (recipe["recompute"] if recipe else "") or "none").strip().lower()
+    recompute = (row.get("recompute") or settings.get("recompute") or "none").strip().lower()
     recompute_layers = 0
     if recompute.startswith("selective"):
         recompute = "selective"

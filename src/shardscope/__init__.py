@@ -47,18 +47,39 @@ def estimate(
     overrides it. `power_limit_w` caps every GPU's board power (lower clocks). For a video diffusion
     transformer, `video="FRAMESxHEIGHTxWIDTH"` sets seq_len to the clip's latent token count.
     `simulate=True` runs the discrete-event simulator (pipeline `schedule`: gpipe, 1f1b, interleaved,
-    zb-h1, dualpipe; stragglers) instead of the closed form; `trace` writes its Chrome-trace JSON.
+    zb-h1, dualpipe; stragglers) instead of the closed form. `trace` writes the step as Chrome-trace JSON,
+    drawn from the engine that gave the numbers (the closed form laid out in time, or the simulation).
     """
     from shardscope.analytic.step import estimate_step
     from shardscope.stacks import load_stack
 
     resolved = load_stack(stack or "")
+    # DualPipe runs a forward chunk of one micro-batch beside a backward chunk of another by its own order
+    # (DeepSeek-V3 report §3.2.1), so the EP all-to-all overlap is not bound by Megatron's rule (no pipeline
+    # or an interleaved one): the plan is made without it and given it after, its other conditions checked
+    dualpipe_overlap = schedule == "dualpipe" and bool(plan.get("ep_comm_overlap"))
+    if dualpipe_overlap:
+        plan = {**plan, "ep_comm_overlap": False}
     spec, cluster, p = setup(
         model, gpu, gpus, gpus_per_node=gpus_per_node, cluster_file=cluster_file, video=video, stack=resolved,
         power_limit_w=power_limit_w, **plan,
     )  # fmt: skip
-    if not (simulate or trace or schedule or straggler_fraction):
-        return _with_stack(estimate_step(spec, cluster, p), resolved)
+    if dualpipe_overlap:
+        from shardscope.errors import ShardscopeError
+        from shardscope.plan.plan import ep_overlap_problem
+        from shardscope.records import evolve
+
+        p = evolve(p, ep_comm_overlap=True)
+        if problem := ep_overlap_problem(evolve(p, pp=1)):  # EP, no full recompute
+            raise ShardscopeError(problem)
+    if not (simulate or schedule or straggler_fraction):
+        est = estimate_step(spec, cluster, p)
+        if trace is not None:  # the estimate laid out in time, not another engine's numbers
+            from shardscope.report.closed_form import closed_form_timeline
+            from shardscope.report.trace import write_trace
+
+            write_trace(closed_form_timeline(spec, cluster, p, est), Path(trace))
+        return _with_stack(est, resolved)
     from shardscope.errors import ShardscopeError
     from shardscope.sim import SCHEDULES, simulate_step
 
@@ -74,6 +95,11 @@ def estimate(
         raise ShardscopeError(f"the {schedule} schedule has one model chunk per rank: use --vpp 1")
     if schedule == "dualpipe" and p.grad_accum % 2:
         raise ShardscopeError("dualpipe splits the micro-batches between its two directions: use an even count")
+    if schedule == "dualpipe" and (p.pp % 2 or p.grad_accum < 2 * p.pp):
+        # deepseek-ai/DualPipe asserts an even rank count and num_chunks >= 2·ranks
+        raise ShardscopeError(
+            f"dualpipe needs an even --pp and at least 2·pp micro-batches per step (pp {p.pp}, {p.grad_accum})"
+        )
     if not 0 <= straggler_fraction <= 1 or straggler_slowdown < 1:
         raise ShardscopeError("--straggler-fraction must be in [0, 1] and --straggler-slowdown >= 1")
     result = simulate_step(spec, cluster, p, schedule, straggler_fraction, straggler_slowdown)

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from shardscope.errors import ShardscopeError
+from shardscope.errors import ShardscopeError, warnings_to_stderr
 from shardscope.plan.plan import cli_fields, option_flag, option_type
 
 app = typer.Typer(
@@ -25,6 +25,13 @@ app = typer.Typer(
     help="Plan and simulate large-model training on GPU clusters: memory, step time, MFU. "
     "The software stack that runs the plan is --stack (default megatron; see `shardscope stacks`).",
 )
+
+
+@app.callback()
+def _input_warnings(ctx: typer.Context) -> None:
+    # Input warnings (a misspelt config key, a cluster past any built) print as one line `warning: ...` on
+    # stderr while the command runs, as errors do; the command's own output is left alone.
+    ctx.with_resource(warnings_to_stderr())
 
 
 def _plan_option(f: Any) -> Any:
@@ -98,14 +105,9 @@ EpCommOverlapChoice = Annotated[
 ]
 
 
-def _plan_kwargs(plan: dict, gpus: int, async_tp: bool) -> dict:
-    """The plan keywords given; the global batch defaults to one micro-batch per data-parallel rank
-    (per pipeline stage under pipelining)."""
+def _plan_kwargs(plan: dict, async_tp: bool) -> dict:
+    """The plan keywords given (the plan derives the rest, e.g. the global batch)."""
     kw = {k: v for k, v in plan.items() if v is not None}
-    if "global_batch" not in kw:
-        tp, pp, cp = (kw.get(k, 1) for k in ("tp", "pp", "cp"))
-        dp = kw.get("dp") or max(gpus // (tp * pp * cp), 1)
-        kw["global_batch"] = kw.get("micro_batch", 1) * dp * max(pp, 1)
     if async_tp:
         kw["async_tp"] = True
     return kw
@@ -132,7 +134,10 @@ def estimate(
     schedule: Annotated[
         str | None, typer.Option(help="pipeline schedule: gpipe | 1f1b | interleaved | zb-h1 | dualpipe")
     ] = None,
-    trace: Annotated[Path | None, typer.Option(help="write the simulated step as Chrome-trace JSON")] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(help="write the step as Chrome-trace JSON (Perfetto), from the engine that gave the numbers"),
+    ] = None,
     straggler_fraction: Annotated[float, typer.Option(help="fraction of GPUs that run slow")] = 0.0,
     straggler_slowdown: Annotated[float, typer.Option(help="how much slower those GPUs run")] = 1.0,
     as_json: AsJson = False,
@@ -158,7 +163,7 @@ def estimate(
             straggler_slowdown=straggler_slowdown,
             stack=stack,
             power_limit_w=power_limit,
-            **_plan_kwargs(plan, gpus, async_tp),
+            **_plan_kwargs(plan, async_tp),
         )
     except ShardscopeError as exc:
         _fail(str(exc))
@@ -204,7 +209,10 @@ def plan(
     model: Annotated[str, typer.Argument(help="catalog name or path to a config.json")],
     top: Annotated[int, typer.Option(help="plans to show")] = 10,
     tokens: Annotated[str | None, typer.Option(help="token budget to train, e.g. 15T")] = None,
-    price_per_gpu_hour: Annotated[float | None, typer.Option(help="price of one GPU-hour")] = None,
+    usd_per_gpu_hour: Annotated[
+        float | None,
+        typer.Option("--usd-per-gpu-hour", "--price-per-gpu-hour", help="price of one GPU-hour in US dollars"),
+    ] = None,
     export: Annotated[str | None, typer.Option(help="write the best plan as torchtitan | megatron | deepspeed")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="file for --export (default: stdout)")] = None,
     executor: Annotated[str, typer.Option(help="local | ray")] = "local",
@@ -234,14 +242,14 @@ def plan(
         _fail(str(exc))
         return
     if as_json:
-        sys.stdout.write(json.dumps(plan_document(outcome, objective, price_per_gpu_hour), indent=2) + "\n")
+        sys.stdout.write(json.dumps(plan_document(outcome, objective, usd_per_gpu_hour), indent=2) + "\n")
     elif outcome.export_text is not None and output is None:
         sys.stdout.write(outcome.export_text)
     else:
         from shardscope.report.console import print_plans
 
         best = outcome.best
-        print_plans(outcome.spec.name, outcome.cluster, outcome.result, best, outcome.tokens, price_per_gpu_hour)
+        print_plans(outcome.spec.name, outcome.cluster, outcome.result, best, outcome.tokens, usd_per_gpu_hour)
 
 
 def _check_output_path(path: Path) -> None:
@@ -290,7 +298,7 @@ def budget(
             raise ShardscopeError(f"--budget-gib must be positive, got {budget_gib}")
         spec, cl, p = setup(
             model, gpu, gpus, gpus_per_node=gpus_per_node, cluster_file=cluster, video=video, stack=stack,
-            power_limit_w=power_limit, **_plan_kwargs(plan, gpus, async_tp),
+            power_limit_w=power_limit, **_plan_kwargs(plan, async_tp),
         )  # fmt: skip
         result = planners[knob](spec, cl, p, budget_gib)
     except ShardscopeError as exc:

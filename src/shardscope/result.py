@@ -62,8 +62,9 @@ class Estimate:
     hardware_flops_per_step: float  # model FLOPs + recompute
     model_tflops_per_gpu: float
     hardware_tflops_per_gpu: float
-    mfu: float  # fraction of the GPU's dense peak for the plan's precision
+    mfu: float  # fraction of `peak_tflops_per_gpu`: the GPU's dense peak at the plan's GEMM precision
     hfu: float
+    peak_tflops_per_gpu: float  # the peak MFU is quoted against (FP8's for an FP8 plan)
     fits: bool
     memory: MemoryBreakdown
     time: TimeBreakdown

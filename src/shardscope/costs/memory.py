@@ -44,6 +44,11 @@ def layer_params_local(model: ModelSpec, tp: int, kind: LayerKind | None = None,
 
 
 def dense_params_local(model: ModelSpec, tp: int, kind: LayerKind) -> float:
+    """Parameters of one block on one GPU besides its routed experts: the TP-split part / tp plus what every
+    TP rank holds whole (norms, row-parallel output biases, MLA down-projections, the router)."""
+    if kind.mlp.startswith("dit"):
+        replicated = model.dit_block_replicated_params(kind)
+        return (model.dit_block_params(kind) - replicated) / tp + replicated
     h = model.hidden
     replicated = 2 * model.norm_params
     if model.mla:
@@ -85,6 +90,14 @@ def _rank_params_local(model: ModelSpec, plan: Plan, rank: int) -> tuple[float, 
     counts = model.kind_counts(plan.rank_layers(model.layers)[rank])
     dense = sum(n * dense_params_local(model, plan.tp, k) for k, n in counts.items())
     expert = sum(n * expert_params_local(model, k, plan.ep, plan.etp) for k, n in counts.items())
+    if model.dit is not None:
+        # A video DiT has no vocabulary: its embedders (patch, time, text; plain modules every TP rank holds
+        # whole) run on the first stage, its output head (modulation, projection to patches) on the last.
+        if rank == 0:
+            dense += model.dit_embedder_params()
+        if rank == plan.pp - 1:
+            dense += model.dit_head_params()
+        return dense, expert
     vocab_rows = model.vocab * model.hidden / plan.tp
     if rank == 0:
         dense += vocab_rows + model.pos_embedding_rows * model.hidden

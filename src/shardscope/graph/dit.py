@@ -91,9 +91,25 @@ DIFFUSERS_WAN_CHAINS = {
 }
 
 
-def _diffusers_wan(block: OpGroup, values: float) -> OpGroup:
+# What diffusers' fp32 chains keep for backward, replacing Megatron-DFM's bf16 tensors (`jit_fuser` keeps
+# the bf16 input of each region): FP32LayerNorm keeps its fp32 input copy (`x.float()`), the adaLN
+# `norm(x) * (1 + scale)` the fp32 normalised tensor (the scale's gradient), and the FFN's gate multiplies
+# `ff_output.float()`, an fp32 copy. The block's bf16 input and residuals are then kept by nothing unless
+# a recompute re-runs these chains from them. Graph tensor -> (its policies here, the fp32 tensors that
+# replace it under "none": name, copies of an fp32 [tokens, d] tensor). test_state_whole
+# `test_wan_block_memory_matches_fake_tensor` counts them in diffusers' block under FakeTensorMode.
+DIFFUSERS_WAN_SAVED = {
+    "layer input": (frozenset({"selective", "full"}), (("norm1 fp32 input and normalised output", 2),)),
+    "attn residual (mlp norm input)": (frozenset({"selective"}), (("norm2 fp32 input", 1),)),
+    "cross-attn residual": (frozenset({"selective"}), (("norm3 fp32 input and normalised output", 2),)),
+    "branch 1 output (gate input)": (frozenset({"selective"}), (("ffn output fp32 copy (gate input)", 1),)),
+}
+
+
+def _diffusers_wan(block: OpGroup, values: float, cross_attn_norm: bool) -> OpGroup:
     """The block as diffusers runs it: its norms and residuals as the eager fp32 chains above (ATen's
-    streaming rate, `Op.aten`), with the adaLN modulation inside them."""
+    streaming rate, `Op.aten`), with the adaLN modulation inside them, and what those chains keep for
+    backward (`DIFFUSERS_WAN_SAVED`; without `cross_attn_norm` norm2 is an identity that keeps nothing)."""
     ops = []
     for op in block.ops:
         if op.name.startswith("adaLN modulate/gate"):
@@ -106,13 +122,23 @@ def _diffusers_wan(block: OpGroup, values: float) -> OpGroup:
                 cheap=True,
             )  # fmt: skip
         ops.append(op)
-    return OpGroup(tuple(ops), block.saved, block.comms, block.attn_ops)
+    saved: list[Saved] = []
+    for x in block.saved:
+        if x.name not in DIFFUSERS_WAN_SAVED:
+            saved.append(x)
+            continue
+        policies, fp32 = DIFFUSERS_WAN_SAVED[x.name]
+        saved.append(evolve(x, policies=policies))
+        for name, copies in fp32:
+            if cross_attn_norm or not name.startswith("norm2"):
+                saved.append(Saved(name, copies * FP32 * values, NONE_ONLY))
+    return OpGroup(tuple(ops), tuple(saved), block.comms, block.attn_ops)
 
 
 def dit_block_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGroup, float, float]:
     """One DiT block on one GPU for one micro-batch (+ the elements its FP8 GEMMs quantize). A Wan block
     runs as Megatron-DFM builds it (its elementwise steps `jit_fuser`-fused) under `--fused-activation`,
-    else as diffusers runs it (`_diffusers_wan`; the saved tensors stay Megatron-DFM's)."""
+    else as diffusers runs it (`_diffusers_wan`: its eager fp32 chains and the fp32 tensors they keep)."""
     assert model.dit is not None
     if model.dit.family == "hunyuan":
         return (double_block if kind.mlp == "dit-double" else single_block)(model, plan, kind)
@@ -122,7 +148,7 @@ def dit_block_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
     t_sp = Shapes.of(plan).t_sp
     block = attn + cross + mlp + _modulation(model, t_sp, 2)
     if not plan.fused_swiglu:
-        block = _diffusers_wan(block, t_sp * model.hidden)
+        block = _diffusers_wan(block, t_sp * model.hidden, model.dit.cross_attn_norm)
     return block, ai + ci + mi, ag + cg + mg
 
 

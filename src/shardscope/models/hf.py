@@ -8,12 +8,14 @@ Moonlight and Kimi-K2 (`deepseek_v2`, `deepseek_v3`, `kimi_k2`), GPT-OSS (`gpt_o
 
 from __future__ import annotations
 
+import difflib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
-from shardscope.errors import ShardscopeError
-from shardscope.models.spec import GPT_BLOCK, DiTSpec, MLASpec, ModelSpec, MoESpec
+from shardscope.errors import ShardscopeError, warn
+from shardscope.models.spec import GPT_BLOCK, MAX_LAYERS, DiTSpec, MLASpec, ModelSpec, MoESpec, divisors_text
 
 LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "olmo2", "granite"}
 SUPPORTED = sorted(
@@ -36,15 +38,110 @@ def _positive(name: str, value: Any) -> int:
     return value
 
 
+# Optional fields, typed as the transformers config classes type them: null or absent gives the default,
+# anything else must be of the field's kind (a string or a list where a size goes is refused, not cast).
+def _positive_or(cfg: dict[str, Any], key: str, default: int) -> int:
+    """An optional positive integer."""
+    value = cfg.get(key)
+    return default if value is None else _positive(key, value)
+
+
+def _count(cfg: dict[str, Any], key: str, default: int = 0) -> int:
+    """An optional integer >= 0 (a count that may be zero: shared experts, first dense layers, a window)."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ShardscopeError(f"config.json: {key} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _number(key: str, value: Any, *, positive: bool = True) -> float:
+    """A finite number (> 0 when `positive`, else >= 0)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    try:
+        number = float(value) if ok else math.nan
+    except OverflowError:  # an integer past the float range
+        number = math.inf
+    if not (math.isfinite(number) and (number > 0 if positive else number >= 0)):
+        kind = "a positive number" if positive else "a number >= 0"
+        raise ShardscopeError(f"config.json: {key} must be {kind}, got {value!r}")
+    return number
+
+
+def _number_or(cfg: dict[str, Any], key: str, default: float, *, positive: bool = True) -> float:
+    value = cfg.get(key)
+    return default if value is None else _number(key, value, positive=positive)
+
+
+def _object(cfg: dict[str, Any], key: str) -> dict[str, Any]:
+    """An optional nested JSON object (`rope_scaling`, MPT's `attn_config`)."""
+    value = cfg.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ShardscopeError(f"config.json: {key} must be a JSON object, got {value!r}")
+    return value
+
+
+def _list(cfg: dict[str, Any], key: str, length: int, kinds: tuple[type, ...]) -> list[Any] | None:
+    """An optional per-layer list (`layer_types`, `no_rope_layers`): one entry of `kinds` per layer."""
+    value = cfg.get(key)
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list) or len(value) != length or not all(isinstance(v, kinds) for v in value):
+        raise ShardscopeError(f"config.json: {key} must list one entry per layer ({length}), got {value!r}")
+    return value
+
+
+def _layer_count(cfg: dict[str, Any]) -> int:
+    """`num_hidden_layers` of a config whose per-layer lists are built here: bounded first (ModelSpec's
+    MAX_LAYERS), so that an absurd count is refused before a list of that many entries is made."""
+    layers = _positive("num_hidden_layers", _need(cfg, "num_hidden_layers"))
+    if layers > MAX_LAYERS:
+        raise ShardscopeError(f"config.json: num_hidden_layers {layers} is beyond any trained transformer; "
+                              f"valid: 1 to {MAX_LAYERS:,}")  # fmt: skip
+    return layers
+
+
+def _split_heads(hidden: int, heads: int, names: tuple[str, str]) -> int:
+    """hidden / heads, the head size of a config that gives none: the transformers attention classes
+    (GPT-2, GPT-NeoX, Llama before `head_dim`) and MPT raise on an uneven split, so it must divide."""
+    if hidden % heads:
+        raise ShardscopeError(
+            f"config.json: {names[0]} {hidden} is not divisible by {names[1]} {heads} and no head_dim is given "
+            f"(valid {names[1]}: {divisors_text(hidden)})"
+        )
+    return hidden // heads
+
+
+def _head_dim(cfg: dict[str, Any], hidden: int, heads: int) -> int:
+    """`head_dim` when the config gives it (Qwen3, Gemma: any size), else hidden / heads."""
+    if cfg.get("head_dim") is not None:
+        return _positive("head_dim", cfg["head_dim"])
+    return _split_heads(hidden, heads, ("hidden_size", "num_attention_heads"))
+
+
+def _patch(cfg: dict[str, Any]) -> tuple[int, int, int]:
+    """Wan's `patch_size`: (t, h, w), three positive integers."""
+    value = cfg.get("patch_size")
+    if value is None:
+        return (1, 2, 2)
+    if not isinstance(value, list) or len(value) != 3:
+        raise ShardscopeError(f"config.json: patch_size must list three positive integers (t, h, w), got {value!r}")
+    t, h, w = (_positive("patch_size", v) for v in value)
+    return (t, h, w)
+
+
 def _conventions(cfg: dict[str, Any]) -> dict[str, Any]:
     """RoPE base and scaling and the norm epsilon: no cost of their own, but a launch config needs them."""
-    scaling = cfg.get("rope_scaling") or {}
+    scaling = _object(cfg, "rope_scaling")
+    theta_key = next((k for k in ("rope_theta", "rotary_emb_base") if cfg.get(k)), None)
+    eps_key = next((k for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon") if cfg.get(k)), None)
     return dict(
-        rope_theta=float(cfg.get("rope_theta") or cfg.get("rotary_emb_base") or 10000.0),
+        rope_theta=_number(theta_key, cfg[theta_key]) if theta_key else 10000.0,
         rope_scaling=tuple(sorted((k, v) for k, v in scaling.items() if isinstance(v, (int, float, str)))),
-        norm_eps=float(
-            next((cfg[k] for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon") if cfg.get(k)), 1e-5)
-        ),
+        norm_eps=_number(eps_key, cfg[eps_key]) if eps_key else 1e-5,
     )
 
 
@@ -52,14 +149,14 @@ def _sliding_window(cfg: dict[str, Any]) -> int:
     """Mistral and Mixtral: a set `sliding_window` bounds the attention of every layer (transformers'
     MistralAttention / MixtralAttention pass it to each layer's kernel; no pattern: `ModelSpec.layer_kind`);
     null means full attention."""
-    return int(cfg.get("sliding_window") or 0)
+    return _count(cfg, "sliding_window")
 
 
 def _llama_like(name: str, cfg: dict[str, Any]) -> ModelSpec:
     hidden = _positive("hidden_size", _need(cfg, "hidden_size"))
     heads = _positive("num_attention_heads", _need(cfg, "num_attention_heads"))
-    kv_heads = _positive("num_key_value_heads", cfg.get("num_key_value_heads") or heads)
-    head_dim = _positive("head_dim", cfg.get("head_dim") or hidden // heads)
+    kv_heads = _positive_or(cfg, "num_key_value_heads", heads)
+    head_dim = _head_dim(cfg, hidden, heads)
     model_type = cfg["model_type"]
     qkv_bias = bool(cfg.get("attention_bias", model_type == "qwen2"))
     return ModelSpec(
@@ -93,8 +190,8 @@ def _gpt2(name: str, cfg: dict[str, Any]) -> ModelSpec:
         layers=_positive("n_layer", _need(cfg, "n_layer", "num_hidden_layers")),
         heads=heads,
         kv_heads=heads,
-        head_dim=hidden // heads,
-        ffn_hidden=_positive("n_inner", cfg.get("n_inner") or 4 * hidden),
+        head_dim=_split_heads(hidden, heads, ("n_embd", "n_head")),
+        ffn_hidden=_positive_or(cfg, "n_inner", 4 * hidden),
         vocab=_positive("vocab_size", _need(cfg, "vocab_size")),
         **GPT_BLOCK,
         tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
@@ -114,7 +211,7 @@ def _gpt_neox(name: str, cfg: dict[str, Any]) -> ModelSpec:
         layers=_positive("num_hidden_layers", _need(cfg, "num_hidden_layers")),
         heads=heads,
         kv_heads=heads,
-        head_dim=hidden // heads,
+        head_dim=_split_heads(hidden, heads, ("hidden_size", "num_attention_heads")),
         ffn_hidden=_positive("intermediate_size", _need(cfg, "intermediate_size")),
         vocab=_positive("vocab_size", _need(cfg, "vocab_size")),
         mlp="gelu",
@@ -132,20 +229,20 @@ def _gpt_neox(name: str, cfg: dict[str, Any]) -> ModelSpec:
 def _mpt(name: str, cfg: dict[str, Any]) -> ModelSpec:
     hidden = _positive("d_model", _need(cfg, "d_model"))
     heads = _positive("n_heads", _need(cfg, "n_heads"))
-    attn = cfg.get("attn_config") or {}
-    kv_heads = int(attn.get("kv_n_heads") or heads)
+    attn = _object(cfg, "attn_config")
+    kv_heads = _positive_or(attn, "kv_n_heads", heads)
     bias = not bool(cfg.get("no_bias", False))
     # The released modeling_mpt.py creates the position table only without ALiBi (`if not self.alibi`).
     learned = bool(cfg.get("learned_pos_emb", True)) and not attn.get("alibi", False)
-    ratio = cfg.get("expansion_ratio", 4)
-    ffn = cfg.get("ffn_config", {}).get("ffn_hidden_size") or int(ratio * hidden)
+    ratio = _number_or(cfg, "expansion_ratio", 4)
+    ffn = _object(cfg, "ffn_config").get("ffn_hidden_size") or int(ratio * hidden)
     return ModelSpec(
         name=name,
         hidden=hidden,
         layers=_positive("n_layers", _need(cfg, "n_layers")),
         heads=heads,
         kv_heads=kv_heads,
-        head_dim=hidden // heads,
+        head_dim=_split_heads(hidden, heads, ("d_model", "n_heads")),
         ffn_hidden=_positive("ffn_hidden_size", ffn),
         vocab=_positive("vocab_size", _need(cfg, "vocab_size")),
         mlp="gelu",
@@ -168,8 +265,8 @@ def _base(name: str, cfg: dict[str, Any], **kw: Any) -> ModelSpec:
         hidden=hidden,
         layers=_positive("num_hidden_layers", _need(cfg, "num_hidden_layers")),
         heads=heads,
-        kv_heads=_positive("num_key_value_heads", cfg.get("num_key_value_heads") or heads),
-        head_dim=_positive("head_dim", cfg.get("head_dim") or hidden // heads),
+        kv_heads=_positive_or(cfg, "num_key_value_heads", heads),
+        head_dim=_head_dim(cfg, hidden, heads),
         ffn_hidden=_positive("intermediate_size", _need(cfg, "intermediate_size")),
         vocab=_positive("vocab_size", _need(cfg, "vocab_size")),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
@@ -195,7 +292,7 @@ def _qwen3_moe(name: str, cfg: dict[str, Any]) -> ModelSpec:
         experts=_positive("num_experts", _need(cfg, "num_experts")),
         top_k=_positive("num_experts_per_tok", _need(cfg, "num_experts_per_tok")),
         expert_ffn=_positive("moe_intermediate_size", _need(cfg, "moe_intermediate_size")),
-        layer_step=_positive("decoder_sparse_step", cfg.get("decoder_sparse_step") or 1),
+        layer_step=_positive_or(cfg, "decoder_sparse_step", 1),
         normalize_top_k=bool(cfg.get("norm_topk_prob", False)),
     )
     return _base(name, cfg, moe=moe, qk_norm=True, qkv_bias=bool(cfg.get("attention_bias", False)))
@@ -204,7 +301,7 @@ def _qwen3_moe(name: str, cfg: dict[str, Any]) -> ModelSpec:
 def _deepseek(name: str, cfg: dict[str, Any]) -> ModelSpec:
     """DeepSeek-V2/V3 layout (also Moonlight, Kimi-K2): MLA, shared + routed experts, first dense layers."""
     mla = MLASpec(
-        q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+        q_lora_rank=_count(cfg, "q_lora_rank"),
         kv_lora_rank=_positive("kv_lora_rank", _need(cfg, "kv_lora_rank")),
         qk_nope_head_dim=_positive("qk_nope_head_dim", _need(cfg, "qk_nope_head_dim")),
         qk_rope_head_dim=_positive("qk_rope_head_dim", _need(cfg, "qk_rope_head_dim")),
@@ -212,20 +309,21 @@ def _deepseek(name: str, cfg: dict[str, Any]) -> ModelSpec:
     )
     experts = _positive("n_routed_experts", _need(cfg, "n_routed_experts"))
     moe_ffn = _positive("moe_intermediate_size", _need(cfg, "moe_intermediate_size"))
+    shared = _count(cfg, "n_shared_experts")
     moe = MoESpec(
         experts=experts,
         top_k=_positive("num_experts_per_tok", _need(cfg, "num_experts_per_tok")),
         expert_ffn=moe_ffn,
-        shared_experts=1 if cfg.get("n_shared_experts") else 0,
-        shared_ffn=moe_ffn * int(cfg.get("n_shared_experts") or 0),  # one MLP of n_shared x the expert size
-        first_dense_layers=int(cfg.get("first_k_dense_replace") or 0),
-        layer_step=int(cfg.get("moe_layer_freq") or 1),
+        shared_experts=1 if shared else 0,
+        shared_ffn=moe_ffn * shared,  # one MLP of n_shared x the expert size
+        first_dense_layers=_count(cfg, "first_k_dense_replace"),
+        layer_step=_positive_or(cfg, "moe_layer_freq", 1),
         score_correction_bias=cfg.get("topk_method") == "noaux_tc",
-        groups=int(cfg.get("n_group") or 1),
-        groups_per_token=int(cfg.get("topk_group") or 1),
+        groups=_positive_or(cfg, "n_group", 1),
+        groups_per_token=_positive_or(cfg, "topk_group", 1),
         score="sigmoid" if cfg.get("scoring_func") == "sigmoid" else "softmax",
         normalize_top_k=bool(cfg.get("norm_topk_prob", False)),  # DeepseekV2Config's default
-        routed_scaling=float(cfg.get("routed_scaling_factor") or 1.0),
+        routed_scaling=_number_or(cfg, "routed_scaling_factor", 1.0),
     )
     heads = _positive("num_attention_heads", _need(cfg, "num_attention_heads"))
     return _base(
@@ -235,7 +333,7 @@ def _deepseek(name: str, cfg: dict[str, Any]) -> ModelSpec:
         head_dim=mla.qk_head_dim,
         mla=mla,
         moe=moe,
-        mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0),
+        mtp_layers=_count(cfg, "num_nextn_predict_layers"),
     )
 
 
@@ -247,8 +345,10 @@ def _gpt_oss(name: str, cfg: dict[str, Any]) -> ModelSpec:
         router_bias=True,
         expert_bias=True,
     )
-    layers = _positive("num_hidden_layers", _need(cfg, "num_hidden_layers"))
-    types = cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    layers = _layer_count(cfg)
+    types = _list(cfg, "layer_types", layers, (str,)) or [
+        "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)
+    ]
     pattern = tuple("window" if t == "sliding_attention" else "full" for t in types)
     return _base(
         name,
@@ -258,16 +358,16 @@ def _gpt_oss(name: str, cfg: dict[str, Any]) -> ModelSpec:
         out_bias=bool(cfg.get("attention_bias", True)),
         sinks=True,
         glu_gate="quick_gelu",  # OpenAI's reference: gate·σ(1.702·gate), clamped (swiglu_limit)
-        glu_clamp=float(cfg.get("swiglu_limit") or 0.0),
-        attention_window=int(cfg.get("sliding_window") or 0),
+        glu_clamp=_number_or(cfg, "swiglu_limit", 0.0, positive=False),
+        attention_window=_count(cfg, "sliding_window"),
         attention_pattern=pattern,
     )
 
 
 def _llama4(name: str, cfg: dict[str, Any]) -> ModelSpec:
     """Llama 4 text model (the vision tower of the checkpoint is not counted)."""
-    cfg = cfg.get("text_config", cfg)
-    step = int(cfg.get("interleave_moe_layer_step") or 1)
+    cfg = _object(cfg, "text_config") or cfg
+    step = _positive_or(cfg, "interleave_moe_layer_step", 1)
     moe = MoESpec(
         experts=_positive("num_local_experts", _need(cfg, "num_local_experts")),
         top_k=_positive("num_experts_per_tok", _need(cfg, "num_experts_per_tok")),
@@ -277,12 +377,13 @@ def _llama4(name: str, cfg: dict[str, Any]) -> ModelSpec:
         layer_step=step,
         score="sigmoid",  # Llama 4 weighs its top-1 expert by the sigmoid of its logit
     )
-    layers = _positive("num_hidden_layers", _need(cfg, "num_hidden_layers"))
-    no_rope = cfg.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(layers)]
-    chunk = int(cfg.get("attention_chunk_size") or 0)
+    layers = _layer_count(cfg)
+    no_rope = _list(cfg, "no_rope_layers", layers, (int,)) or [int((i + 1) % 4 != 0) for i in range(layers)]
+    chunk = _count(cfg, "attention_chunk_size")
     # RoPE layers use chunked attention; the NoPE layers (every 4th) attend globally.
     pattern = tuple("chunk" if (uses_rope and chunk) else "full" for uses_rope in no_rope)
-    dense_ffn = int(cfg.get("intermediate_size_mlp") or cfg.get("intermediate_size"))
+    expert_ffn = _positive("intermediate_size", _need(cfg, "intermediate_size"))
+    dense_ffn = _positive_or(cfg, "intermediate_size_mlp", expert_ffn)
     return _base(
         name, {**cfg, "intermediate_size": dense_ffn}, moe=moe, attention_window=chunk, attention_pattern=pattern
     )
@@ -315,7 +416,7 @@ def _dit_model(name: str, cfg: dict[str, Any], layers: int, ffn: int | None, dit
         heads=heads,
         kv_heads=heads,
         head_dim=head_dim,
-        ffn_hidden=ffn or int(float(cfg.get("mlp_ratio") or 4.0) * d),
+        ffn_hidden=ffn or _positive("mlp_ratio x hidden", int(_number_or(cfg, "mlp_ratio", 4.0) * d)),
         vocab=0,
         mlp="gelu",
         norm="layernorm",
@@ -330,12 +431,12 @@ def _wan(name: str, cfg: dict[str, Any]) -> ModelSpec:
     """diffusers WanTransformer3DModel (Wan 2.1 text-to-video). Text: umT5, 512 tokens."""
     dit = DiTSpec(
         family="wan",
-        in_channels=int(_need(cfg, "in_channels")),
-        out_channels=int(_need(cfg, "out_channels")),
-        patch=tuple(cfg.get("patch_size") or (1, 2, 2)),
-        text_dim=int(_need(cfg, "text_dim")),
+        in_channels=_positive("in_channels", _need(cfg, "in_channels")),
+        out_channels=_positive("out_channels", _need(cfg, "out_channels")),
+        patch=_patch(cfg),
+        text_dim=_positive("text_dim", _need(cfg, "text_dim")),
         text_len=512,
-        freq_dim=int(cfg.get("freq_dim") or 256),
+        freq_dim=_positive_or(cfg, "freq_dim", 256),
         cross_attn_norm=bool(cfg.get("cross_attn_norm", True)),
     )
     layers = _positive("num_layers", _need(cfg, "num_layers"))
@@ -345,37 +446,92 @@ def _wan(name: str, cfg: dict[str, Any]) -> ModelSpec:
 def _hunyuan_video(name: str, cfg: dict[str, Any]) -> ModelSpec:
     """diffusers HunyuanVideoTransformer3DModel: dual-stream then single-stream blocks. Text: LLaVA-LLaMA
     hidden states (4096-d, 256 tokens) through a token refiner, plus CLIP pooled (768-d)."""
-    p = int(cfg.get("patch_size") or 2)
-    double = int(_need(cfg, "num_layers"))
+    p = _positive_or(cfg, "patch_size", 2)
+    double = _count(cfg, "num_layers", _need(cfg, "num_layers"))  # dual-stream blocks (required)
     dit = DiTSpec(
         family="hunyuan",
-        in_channels=int(_need(cfg, "in_channels")),
-        out_channels=int(_need(cfg, "out_channels")),
-        patch=(int(cfg.get("patch_size_t") or 1), p, p),
-        text_dim=int(_need(cfg, "text_embed_dim")),
+        in_channels=_positive("in_channels", _need(cfg, "in_channels")),
+        out_channels=_positive("out_channels", _need(cfg, "out_channels")),
+        patch=(_positive_or(cfg, "patch_size_t", 1), p, p),
+        text_dim=_positive("text_embed_dim", _need(cfg, "text_embed_dim")),
         text_len=256,
         double_layers=double,
-        refiner_layers=int(cfg.get("num_refiner_layers") or 2),
-        pooled_dim=int(cfg.get("pooled_projection_dim") or 768),
+        refiner_layers=_count(cfg, "num_refiner_layers", 2),
+        pooled_dim=_positive_or(cfg, "pooled_projection_dim", 768),
         guidance=bool(cfg.get("guidance_embeds")),
     )
-    return _dit_model(name, cfg, double + int(_need(cfg, "num_single_layers")), None, dit)
+    single = _count(cfg, "num_single_layers", _need(cfg, "num_single_layers"))
+    return _dit_model(name, cfg, double + single, None, dit)
 
 
 _DIFFUSERS = {"WanTransformer3DModel": _wan, "HunyuanVideoTransformer3DModel": _hunyuan_video}
+
+# Every key the parsers above read (top level, Llama 4's `text_config`, MPT's `attn_config`/`ffn_config`).
+READ_KEYS = frozenset({
+    "model_type", "_class_name", "text_config", "hidden_size", "num_attention_heads", "num_key_value_heads",
+    "head_dim", "num_hidden_layers", "intermediate_size", "vocab_size", "attention_bias", "mlp_bias",
+    "tie_word_embeddings", "rope_theta", "rotary_emb_base", "rope_scaling", "rms_norm_eps", "layer_norm_eps",
+    "layer_norm_epsilon", "sliding_window", "n_embd", "n_head", "n_layer", "n_inner", "n_positions", "n_ctx",
+    "d_model", "n_heads", "n_layers", "attn_config", "kv_n_heads", "alibi", "no_bias", "learned_pos_emb",
+    "expansion_ratio", "ffn_config", "ffn_hidden_size", "max_seq_len", "num_local_experts", "num_experts_per_tok",
+    "experts_per_token", "num_experts", "moe_intermediate_size", "decoder_sparse_step", "norm_topk_prob",
+    "mlp_only_layers", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+    "n_routed_experts", "n_shared_experts", "first_k_dense_replace", "moe_layer_freq", "topk_method", "n_group",
+    "topk_group", "scoring_func", "routed_scaling_factor", "num_nextn_predict_layers", "layer_types",
+    "swiglu_limit", "interleave_moe_layer_step", "no_rope_layers", "attention_chunk_size", "intermediate_size_mlp",
+    # diffusers transformers (Wan, HunyuanVideo)
+    "attention_head_dim", "mlp_ratio", "qk_norm", "in_channels", "out_channels", "patch_size", "patch_size_t",
+    "text_dim", "freq_dim", "cross_attn_norm", "num_layers", "ffn_dim", "text_embed_dim", "num_refiner_layers",
+    "pooled_projection_dim", "guidance_embeds", "num_single_layers",
+})  # fmt: skip
+# Keys of published configs that cost nothing the estimate counts (dropout, initialisation, token ids,
+# generation defaults, bookkeeping) and that resemble a read key: known, so never taken for a misspelling
+# (`use_sliding_window` is not a misspelt `sliding_window`).
+IGNORED_KEYS = frozenset({
+    "use_sliding_window", "max_window_layers", "rope_max_seq_len", "max_position_embeddings", "hidden_act",
+    "hidden_dropout", "hidden_dropout_prob", "attention_dropout", "attention_probs_dropout_prob", "attn_pdrop",
+    "resid_pdrop", "embd_pdrop", "emb_pdrop", "initializer_range", "initial_context_length", "use_cache",
+    "torch_dtype", "dtype", "transformers_version", "architectures", "auto_map", "bos_token_id", "eos_token_id",
+    "pad_token_id", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "aux_loss_alpha",
+    "seq_aux", "ep_size", "pretraining_tp", "rotary_pct", "partial_rotary_factor", "use_parallel_residual",
+    "qk_ln", "clip_qkv", "alibi_bias_max", "attn_impl", "attn_type", "attn_uses_sequence_id", "prefix_lm",
+    "softmax_scale", "norm_type", "embedding_fraction", "logit_scale", "activation_function", "use_qk_norm",
+    "use_mrope", "rope_axes_dim", "added_kv_proj_dim", "image_dim", "eps", "quantization_config",
+    "attn_temperature_tuning", "floor_scale", "attn_scale", "moe_layers", "shared_expert_intermediate_size",
+    "rope_interleave",
+})  # fmt: skip
+
+
+def _warn_unknown_keys(cfg: dict[str, Any]) -> None:
+    """Warn of each key the reader does not know that looks like a misspelling of one it reads: the reader
+    takes a missing optional key's default (no `num_key_value_heads`: multi-head attention), so a typo
+    would change the model silently. Keys close to no read key are left alone: real configs carry many
+    (dropout, token ids, generation settings) that cost nothing."""
+    nested = [cfg.get(k) for k in ("text_config", "attn_config", "ffn_config")]
+    for obj in [cfg, *(n for n in nested if isinstance(n, dict))]:
+        for key in obj:
+            if not isinstance(key, str) or key in READ_KEYS or key in IGNORED_KEYS:
+                continue
+            close = difflib.get_close_matches(key, READ_KEYS | IGNORED_KEYS, n=3, cutoff=0.8)
+            read = [k for k in close if k in READ_KEYS and k not in obj]
+            # only when the nearest known key is one the reader reads and the config does not already give
+            if read and close[0] == read[0]:
+                hint = " or ".join(repr(k) for k in read)
+                warn(f"config.json: unknown key {key!r} ignored; did you mean {hint}?")
 
 
 def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec:
     """Build a ModelSpec from the parsed content of an HF config.json (or a diffusers transformer config)."""
     if not isinstance(cfg, dict):
         raise ShardscopeError("config.json must hold a JSON object")
+    _warn_unknown_keys(cfg)
     if "_class_name" in cfg and "model_type" not in cfg:
         cls = cfg["_class_name"]
-        if cls not in _DIFFUSERS:
+        if not isinstance(cls, str) or cls not in _DIFFUSERS:
             raise ShardscopeError(f"unsupported diffusers model {cls!r} (supported: {', '.join(sorted(_DIFFUSERS))})")
         return _DIFFUSERS[cls](name, cfg)
     model_type = cfg.get("model_type")
-    if model_type not in _PARSERS:
+    if not isinstance(model_type, str) or model_type not in _PARSERS:
         raise ShardscopeError(
             f"unsupported model_type {model_type!r} in config.json (supported: {', '.join(SUPPORTED)})"
         )
@@ -388,6 +544,8 @@ def load_hf_config_file(path: Path) -> ModelSpec:
         cfg = json.loads(path.read_text())
     except FileNotFoundError:
         raise ShardscopeError(f"config file not found: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except OSError as exc:  # a folder, no permission
+        raise ShardscopeError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ShardscopeError(f"malformed config file {path}: {exc}") from None
     return model_from_hf_config(cfg, name=path.parent.name if path.name == "config.json" else path.stem)

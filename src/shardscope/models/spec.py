@@ -7,12 +7,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from shardscope.errors import ShardscopeError
 from shardscope.memo import Memoised
 
 MlpKind = Literal["swiglu", "gelu"]
 NormKind = Literal["rmsnorm", "layernorm"]
 PositionKind = Literal["rope", "learned", "alibi"]
 AttentionKind = Literal["full", "window", "chunk"]
+
+# Counts past any trained model, refused: the estimate walks the layers and the experts one by one (ten
+# million layers take a minute and gigabytes), so an absurd config would hang it. The deepest trained
+# transformer has 1,000 layers (DeepNet, Wang et al. 2022; LLMs stay under ~130); the most experts any
+# published model routes over is PEER's million (He et al. 2024; LLMs: 384, Kimi K2).
+MAX_LAYERS = 10_000
+MAX_EXPERTS = 1 << 20
 
 # The GPT-2 / GPT-3 / MPT block: LayerNorm with bias, GeLU MLP, biases on every linear.
 GPT_BLOCK = dict(mlp="gelu", norm="layernorm", norm_bias=True, qkv_bias=True, out_bias=True, mlp_bias=True)
@@ -143,6 +151,48 @@ class ModelSpec(Memoised):
     # Derived figures of this immutable spec (layer kinds, per-rank parameter counts), kept for the
     # planner, which asks them for thousands of plans.
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        # A model the frameworks would refuse to build is refused here, whoever builds the spec (an HF
+        # config, the catalog, a validation row's columns): the estimate of an impossible model means nothing.
+        if problem := self.problem():
+            raise ShardscopeError(f"model {self.name}: {problem}")
+
+    def problem(self) -> str | None:
+        """Why no framework would build this model (sizes that are not positive, KV heads that do not
+        divide the query heads, more experts per token than experts, ...), or None."""
+        sizes = dict(hidden=self.hidden, layers=self.layers, heads=self.heads, kv_heads=self.kv_heads,
+                     head_dim=self.head_dim, ffn_hidden=self.ffn_hidden)  # fmt: skip
+        for what, value in sizes.items():
+            if not _is_int(value) or value < 1:
+                return f"{what} must be a positive integer, got {value!r}"
+        if self.layers > MAX_LAYERS:
+            return (
+                f"{self.layers} layers is beyond any trained transformer (deepest: 1,000); valid: 1 to {MAX_LAYERS:,}"
+            )
+        # Language models need a vocabulary; a diffusion transformer has none (vocab 0).
+        if not _is_int(self.vocab) or self.vocab < (0 if self.dit else 1):
+            return f"vocab must be a positive integer, got {self.vocab!r}"
+        counts = dict(pos_embedding_rows=self.pos_embedding_rows, attention_window=self.attention_window,
+                      mtp_layers=self.mtp_layers)  # fmt: skip
+        for what, value in counts.items():
+            if not _is_int(value) or value < 0:
+                return f"{what} must be an integer >= 0, got {value!r}"
+        if self.mtp_layers > self.layers:  # DeepSeek-V3 has one; each is a whole block the estimate builds
+            return f"{self.mtp_layers} multi-token-prediction modules: valid 0 to {self.layers} (the layers)"
+        # Grouped-query attention shares each KV head among heads/kv_heads query heads (transformers'
+        # `repeat_kv`, Megatron-Core's query groups): the KV heads must divide the query heads.
+        if self.heads % self.kv_heads:
+            return (
+                f"{self.kv_heads} KV heads do not divide the {self.heads} attention heads "
+                f"(valid KV heads: {divisors_text(self.heads)})"
+            )
+        if self.attention_pattern:
+            if len(self.attention_pattern) != self.layers:
+                return f"the attention pattern names {len(self.attention_pattern)} layers, the model has {self.layers}"
+            if unknown := sorted(set(self.attention_pattern) - {"full", "window", "chunk"}):
+                return f"unknown attention kinds {', '.join(map(repr, unknown))} (valid: full, window, chunk)"
+        return _moe_problem(self.moe, self.layers) or _mla_problem(self.mla) or _dit_problem(self.dit, self.layers)
 
     # ----- layer structure ------------------------------------------------------------------------
     def is_moe_layer(self, i: int) -> bool:
@@ -283,25 +333,51 @@ class ModelSpec(Memoised):
             return 2 * (6 * d * d + 6 * d) + 8 * (d * d + d) + 4 * hd + 2 * (2 * d * f + f + d)
         return (3 * d * d + 3 * d) + (3 * d * d + 3 * d) + (d * f + f) + 2 * hd + ((d + f) * d + d)
 
-    def dit_extra_params(self) -> int:
-        """Patch embedding, conditioning embedders (time, text, guidance, pooled text, token refiner)
-        and the output head."""
+    def dit_block_replicated_params(self, kind: LayerKind) -> int:
+        """The part of a DiT block's parameters every TP rank holds whole (the rest, the q/k/v, output, FFN
+        and adaLN projections with the biases of their split outputs, splits over TP): row-parallel
+        output biases, the q/k RMSNorm weights (per head: `head_dim` wide; Wan's across heads: `d` wide, the
+        norm runs on the gathered heads, `graph.common.qk_norm`), Wan's affine cross-attention LayerNorm and
+        its 6·d modulation table. The adaLN projections (d→k·d, per sample) are column-parallel, as
+        Megatron-Core's DiT `AdaLN` builds them (`ColumnParallelLinear`, gathered output)."""
+        d, hd = self.hidden, self.head_dim
+        if kind.mlp == "dit":
+            qk = 2 * d if self.qk_norm_across_heads else 2 * hd
+            norm = 2 * d if self.dit and self.dit.cross_attn_norm else 0
+            return 2 * (d + qk) + norm + d + 6 * d  # 2 attentions (out bias, q/k norms), FFN out bias, table
+        if kind.mlp == "dit-double":
+            return 4 * hd + 2 * d + 2 * d  # video and text q/k norms, both out biases, both FFN out biases
+        return 2 * hd + d  # q/k norms, the output projection's bias
+
+    def dit_embedder_params(self) -> int:
+        """What runs before the first block (the first pipeline stage holds it): the patch embedding
+        (Conv3d), the time embedding and the conditioning embedders (Wan: text MLP and the time projection
+        to the blocks' 6 modulations; HunyuanVideo: time, guidance and pooled-text embedders and the token
+        refiner over the text)."""
         assert self.dit is not None
         x, d = self.dit, self.hidden
         patch = x.patch[0] * x.patch[1] * x.patch[2]
         n = x.in_channels * patch * d + d  # patch embedding (Conv3d)
-        n += x.out_channels * patch * d + x.out_channels * patch  # proj_out
         timestep = x.freq_dim * d + d + d * d + d
         if x.family == "wan":
             n += timestep + (6 * d * d + 6 * d)  # time embedding + time projection to 6 modulations
-            n += x.text_dim * d + d + d * d + d  # text embedding MLP
-            n += 2 * d  # output modulation table
-            return n
+            return n + x.text_dim * d + d + d * d + d  # text embedding MLP
         n += timestep * (2 if x.guidance else 1) + x.pooled_dim * d + d + d * d + d
-        n += 2 * d * d + 2 * d  # output adaLN
         refiner_block = 4 * (d * d + d) + 4 * d + (2 * d * self.ffn_hidden + self.ffn_hidden + d) + 2 * d * d + 2 * d
-        n += timestep + x.text_dim * d + d + d * d + d + x.text_dim * d + d + x.refiner_layers * refiner_block
-        return n
+        return n + timestep + x.text_dim * d + d + d * d + d + x.text_dim * d + d + x.refiner_layers * refiner_block
+
+    def dit_head_params(self) -> int:
+        """What runs after the last block (the last pipeline stage holds it): the output modulation (Wan: a
+        2·d table; HunyuanVideo: an adaLN d→2d) and the projection back to latent patches."""
+        assert self.dit is not None
+        x, d = self.dit, self.hidden
+        patch = x.patch[0] * x.patch[1] * x.patch[2]
+        modulation = 2 * d if x.family == "wan" else 2 * d * d + 2 * d
+        return modulation + x.out_channels * patch * d + x.out_channels * patch
+
+    def dit_extra_params(self) -> int:
+        """Everything outside the blocks: the embedders and the output head."""
+        return self.dit_embedder_params() + self.dit_head_params()
 
     def layer_params_of(self, kind: LayerKind) -> int:
         if kind.mlp.startswith("dit"):
@@ -396,3 +472,72 @@ class ModelSpec(Memoised):
         if kind.attention == "chunk" and w and w < s:
             return (w + 1) / 2 if causal else float(w)
         return (s + 1) / 2 if causal else float(s)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def divisors_text(n: int) -> str:
+    """The divisors of `n` as a list for an error's valid choices ("a divisor of n" when n is too large to
+    list them: a malformed config can hold any number)."""
+    if n > 100_000:
+        return f"a divisor of {n}"
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def _moe_problem(m: MoESpec | None, layers: int) -> str | None:
+    """Why the routed experts cannot be built, or None (the router's `torch.topk` needs k <= experts;
+    group-limited routing splits the experts into equal groups, Megatron-Core TransformerConfig)."""
+    if m is None:
+        return None
+    for what, value in (("experts", m.experts), ("expert FFN size", m.expert_ffn), ("MoE layer step", m.layer_step),
+                        ("expert groups", m.groups)):  # fmt: skip
+        if not _is_int(value) or value < 1:
+            return f"{what} must be a positive integer, got {value!r}"
+    if m.experts > MAX_EXPERTS:
+        return f"{m.experts} experts is beyond any trained model (at most ~1M, PEER); valid: 1 to {MAX_EXPERTS:,}"
+    if not _is_int(m.top_k) or not 1 <= m.top_k <= m.experts:
+        return f"experts per token (top-k) must be 1 to {m.experts} (the experts), got {m.top_k!r}"
+    if not _is_int(m.shared_experts) or m.shared_experts < 0 or (m.shared_experts and m.shared_ffn < 1):
+        return f"{m.shared_experts!r} shared experts of FFN size {m.shared_ffn!r}: need >= 0 experts of size >= 1"
+    if not _is_int(m.first_dense_layers) or not 0 <= m.first_dense_layers <= layers:
+        return f"first dense layers must be 0 to {layers} (the layers), got {m.first_dense_layers!r}"
+    if m.experts % m.groups:
+        return f"{m.groups} expert groups do not divide the {m.experts} experts"
+    if not _is_int(m.groups_per_token) or not 1 <= m.groups_per_token <= m.groups:
+        return f"groups per token must be 1 to {m.groups} (the expert groups), got {m.groups_per_token!r}"
+    reachable = m.groups_per_token * (m.experts // m.groups)
+    if m.top_k > reachable:
+        return f"top-k {m.top_k} exceeds the {reachable} experts of the {m.groups_per_token} groups a token may use"
+    return None
+
+
+def _mla_problem(a: MLASpec | None) -> str | None:
+    if a is None:
+        return None
+    dims = dict(kv_lora_rank=a.kv_lora_rank, qk_nope_head_dim=a.qk_nope_head_dim,
+                qk_rope_head_dim=a.qk_rope_head_dim, v_head_dim=a.v_head_dim)  # fmt: skip
+    for what, value in dims.items():
+        if not _is_int(value) or value < 1:
+            return f"MLA {what} must be a positive integer, got {value!r}"
+    if not _is_int(a.q_lora_rank) or a.q_lora_rank < 0:  # 0: q projected directly (DeepSeek-V2-Lite)
+        return f"MLA q_lora_rank must be an integer >= 0, got {a.q_lora_rank!r}"
+    return None
+
+
+def _dit_problem(d: DiTSpec | None, layers: int) -> str | None:
+    if d is None:
+        return None
+    sizes = dict(in_channels=d.in_channels, out_channels=d.out_channels, text_dim=d.text_dim, text_len=d.text_len,
+                 freq_dim=d.freq_dim, vae_temporal=d.vae_temporal, vae_spatial=d.vae_spatial)  # fmt: skip
+    for what, value in sizes.items():
+        if not _is_int(value) or value < 1:
+            return f"DiT {what} must be a positive integer, got {value!r}"
+    if len(d.patch) != 3 or not all(_is_int(p) and p >= 1 for p in d.patch):
+        return f"DiT patch must be three positive integers (t, h, w), got {d.patch!r}"
+    if not _is_int(d.double_layers) or not 0 <= d.double_layers <= layers:
+        return f"DiT dual-stream layers must be 0 to {layers} (the layers), got {d.double_layers!r}"
+    if not _is_int(d.refiner_layers) or d.refiner_layers < 0 or not _is_int(d.pooled_dim) or d.pooled_dim < 0:
+        return f"DiT refiner layers and pooled dim must be integers >= 0, got {d.refiner_layers!r}, {d.pooled_dim!r}"
+    return None

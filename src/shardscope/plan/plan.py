@@ -6,13 +6,14 @@ contiguous GPUs (inside a node when tp <= gpus_per_node) and PP stages are the o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Any, Literal
 
-from shardscope.errors import ShardscopeError
+from shardscope.errors import ShardscopeError, warn
 from shardscope.hardware.catalog import GPU, Cluster
-from shardscope.models.spec import ModelSpec
+from shardscope.models.spec import ModelSpec, divisors_text
 from shardscope.plan.layout import read_pp_layout
 
 Recompute = Literal["none", "selective", "full"]
@@ -306,6 +307,40 @@ def _positive(name: str, value: int) -> None:
         raise ShardscopeError(f"{name} must be a positive integer, got {value!r}")
 
 
+# Sizes past anything built or trained. Clusters: the largest public GPU clusters hold ~100k-200k GPUs
+# (xAI Colossus, 2024-25: 100k then 200k H100/H200; Meta's Llama 3 405B ran on 16k H100s, its
+# clusters are 24k each). Above GPUS_WARN the estimate goes on with a warning (no such cluster exists to
+# check the network model against); above GPUS_MAX, ten times the largest cluster built and twice the
+# 1M-GPU sites announced, it is refused. Contexts: the longest trained ones are ~1M tokens end to end
+# (Qwen2.5-1M, MiniMax-01) and 10M claimed after extension (Llama 4 Scout); the longest announced is
+# Magic's 100M-token LTM-2. Above SEQ_LEN_WARN a warning; above SEQ_LEN_MAX (2^27 = 134M, past all of
+# them) an error.
+GPUS_WARN = 262_144  # 2^18
+GPUS_MAX = 2_097_152  # 2^21
+SEQ_LEN_WARN = 1_048_576  # 2^20
+SEQ_LEN_MAX = 134_217_728  # 2^27
+
+
+def check_scale(gpus: int, seq_len: int) -> None:
+    """Refuse a cluster or a sequence far past any built or trained (an estimate there describes nothing
+    real), and warn of one past the largest public one."""
+    if gpus > GPUS_MAX:
+        raise ShardscopeError(
+            f"--gpus {gpus} is beyond any GPU cluster (the largest built hold ~200,000 GPUs); valid: 1 to {GPUS_MAX:,}"
+        )
+    if seq_len > SEQ_LEN_MAX:
+        raise ShardscopeError(
+            f"--seq-len {seq_len} is beyond any trained context (the longest are 1M-10M tokens); "
+            f"valid: 1 to {SEQ_LEN_MAX:,}"
+        )
+    if gpus > GPUS_WARN:
+        warn(
+            f"--gpus {gpus} is more than any public cluster holds (~200,000 GPUs): the network model is untested there"
+        )
+    if seq_len > SEQ_LEN_WARN:
+        warn(f"--seq-len {seq_len} is longer than contexts trained end to end (~1M tokens)")
+
+
 def comma_list(text: str) -> tuple[str, ...]:
     """ "a, b,c" as ("a", "b", "c")."""
     return tuple(m.strip() for m in text.split(",") if m.strip())
@@ -370,6 +405,30 @@ def cuda_graph_problem(model: ModelSpec, plan: Plan) -> str | None:
     if "moe" in plan.recompute_modules and "moe_router" in graphs:
         return "--recompute-modules moe cannot run inside the moe_router CUDA graph"
     return None
+
+
+# A Zipf exponent past which routing no longer changes: at 16 the most popular expert takes all but
+# ~1e-5 of the tokens. It also keeps (rank)^skew finite over MAX_EXPERTS experts.
+MAX_MOE_SKEW = 16.0
+
+
+def check_routing_knobs(model: ModelSpec, plan: Plan) -> None:
+    """The MoE routing knobs within what they describe (each comparison fails for NaN, so NaN is refused):
+    the hottest of ep ranks receives at most every routed token, ep times the balanced mean; a capacity of
+    experts/top_k times the mean already keeps every token an expert is sent (padded past it, an expert
+    would compute more rows than there are tokens)."""
+    ep = max(plan.ep, 1)
+    if not 1 <= plan.moe_imbalance <= ep:
+        raise ShardscopeError(
+            f"--moe-imbalance must be 1 to {ep} (the hottest of ep = {ep} ranks gets at most all the tokens), "
+            f"got {plan.moe_imbalance}"
+        )
+    if not 0 <= plan.moe_skew <= MAX_MOE_SKEW:
+        raise ShardscopeError(f"--moe-skew (a Zipf exponent) must be 0 to {MAX_MOE_SKEW:g}, got {plan.moe_skew}")
+    most = model.moe.experts / model.moe.top_k if model.moe else math.inf
+    if not 0 <= plan.capacity_factor <= most or math.isinf(plan.capacity_factor):
+        bound = f"0 to {most:g} (experts / top-k: nothing is dropped there)" if model.moe else "a finite number >= 0"
+        raise ShardscopeError(f"--capacity-factor must be {bound}, got {plan.capacity_factor}")
 
 
 def check_precision(precision: str, fp8_recipe: str, gpu: GPU) -> None:
@@ -448,16 +507,26 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
     model_par = kw.get("tp", 1) * kw.get("pp", 1) * kw.get("cp", 1)
     if cluster.gpus % model_par:
         raise ShardscopeError(f"--gpus {cluster.gpus} is not divisible by tp·pp·cp = {model_par}")
-    plan = Plan(**kw, dp=dp or cluster.gpus // model_par)
+    dp = dp or cluster.gpus // model_par
+    # no global batch stated: one micro-batch per data-parallel rank (per pipeline stage when pipelined)
+    kw.setdefault("global_batch", kw.get("micro_batch", 1) * max(dp, 1) * kw.get("pp", 1))
+    plan = Plan(**kw, dp=dp)
+    check_scale(cluster.gpus, plan.seq_len)
     check_choices(plan)
     dp = plan.dp
     if plan.gpus != cluster.gpus:
         raise ShardscopeError(
             f"tp·pp·cp·dp = {plan.tp}·{plan.pp}·{plan.cp}·{dp} = {plan.gpus} does not equal --gpus {cluster.gpus}"
         )
+    # Megatron-Core shards whole heads and whole query groups over TP (TransformerConfig: heads % tp == 0;
+    # query groups a multiple or, from 0.16, a divisor of tp, the KV heads then replicated). Replicated KV
+    # heads are not modelled, so the KV heads, like the heads and the FFN, must split evenly.
     for what, size in (("attention heads", model.heads), ("KV heads", model.kv_heads), ("FFN size", model.ffn_hidden)):
         if size % plan.tp:
-            raise ShardscopeError(f"--tp {plan.tp} does not divide the {what} of {model.name} ({size})")
+            raise ShardscopeError(
+                f"--tp {plan.tp} does not divide the {what} of {model.name} ({size}); valid --tp: "
+                f"{divisors_text(math.gcd(model.heads, model.kv_heads, model.ffn_hidden))}"
+            )
     if plan.vpp > 1 and plan.pp == 1:
         raise ShardscopeError("--vpp > 1 (interleaved schedule) needs --pp > 1")
     stages = plan.pp * plan.vpp
@@ -515,7 +584,7 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         raise ShardscopeError(problem)
     if model.moe is not None and plan.tp > 1 and not plan.sequence_parallel:
         raise ShardscopeError("MoE with --tp > 1 needs sequence parallel (as in Megatron-Core)")
-    if not 0 <= plan.offload_activations <= 1:
+    if not 0 <= plan.offload_activations <= 1:  # NaN fails it too
         raise ShardscopeError(f"--offload-activations must be a fraction in [0, 1], got {plan.offload_activations}")
     if plan.fsdp_prefetch < 0:
         raise ShardscopeError(f"--fsdp-prefetch must be >= 0, got {plan.fsdp_prefetch}")
@@ -530,8 +599,7 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         )
     if not plan.pad_to_capacity and plan.capacity_factor <= 0:
         raise ShardscopeError("--no-pad-to-capacity applies to token dropping: it needs --capacity-factor > 0")
-    if plan.moe_imbalance < 1 or plan.moe_skew < 0 or plan.capacity_factor < 0:
-        raise ShardscopeError("--moe-imbalance must be >= 1, --moe-skew and --capacity-factor >= 0")
+    check_routing_knobs(model, plan)
     if plan.fsdp and plan.zero not in (0, 3):
         raise ShardscopeError("--fsdp already means fully sharded; do not combine it with --zero 1/2")
     return plan

@@ -84,7 +84,8 @@ class Choice:
 class BudgetResult:
     kind: str  # "sac" or "fsdp-unshard"
     budget_gib: float
-    start_gib: float  # required memory of the plan before the knob
+    start_gib: float  # required memory of the plan before the knob (as `shardscope estimate` gives it)
+    start_step_s: float  # step time of that plan (as `shardscope estimate` gives it)
     need_gib: float  # memory to free (SAC) or slack to spend (unsharding)
     greedy: Choice
     exact: Choice
@@ -211,20 +212,22 @@ def _exact(items: list[Item], target: float, minimise: bool) -> Choice:
 def plan_sac(model: ModelSpec, cluster: Cluster, plan: Plan, budget_gib: float) -> BudgetResult:
     """Selective activation checkpointing that fits `budget_gib` at the least recompute time."""
     base = _plan_without_recompute(plan)
-    start = estimate_step(model, cluster, base).memory.required_gib
+    est = estimate_step(model, cluster, base)
+    start = est.memory.required_gib
     need = (start - budget_gib) * GIB
     items = sac_items(model, cluster, base)
     if need <= 0:
         empty = Choice({}, 0.0, 0.0)
-        return BudgetResult("sac", budget_gib, start, 0.0, empty, empty, items)
+        return BudgetResult("sac", budget_gib, start, est.step_time_s, 0.0, empty, empty, items)
     if sum(i.bytes_per_layer * i.layers for i in items) < need:
         raise ShardscopeError(
             f"recomputing every module frees {sum(i.bytes_per_layer * i.layers for i in items) / GIB:.1f} GiB; "
             f"{need / GIB:.1f} GiB are needed to reach --budget-gib {budget_gib:g}"
         )
     return BudgetResult(
-        "sac", budget_gib, start, need / GIB, _greedy_sac(items, need), _exact(items, need, minimise=True), items
-    )
+        "sac", budget_gib, start, est.step_time_s, need / GIB, _greedy_sac(items, need),
+        _exact(items, need, minimise=True), items,
+    )  # fmt: skip
 
 
 def unshard_items(model: ModelSpec, cluster: Cluster, plan: Plan) -> list[Item]:
@@ -253,7 +256,8 @@ def plan_unshard(model: ModelSpec, cluster: Cluster, plan: Plan, budget_gib: flo
     """FSDP modules to keep unsharded after forward, within the memory left under `budget_gib`."""
     if not (plan.fsdp or plan.zero == 3) or not plan.reshard_after_forward or plan.shard_size == 1:
         raise ShardscopeError("FSDP selective unsharding needs a fully sharded plan (--fsdp or --zero 3, resharding)")
-    start = estimate_step(model, cluster, plan).memory.required_gib
+    est = estimate_step(model, cluster, plan)
+    start = est.memory.required_gib
     slack = (budget_gib - start) * GIB
     items = unshard_items(model, cluster, plan)
     if slack <= 0:
@@ -269,5 +273,6 @@ def plan_unshard(model: ModelSpec, cluster: Cluster, plan: Plan, budget_gib: flo
             saved += n * it.seconds_per_layer
     greedy = Choice(greedy_counts, spent / GIB, saved)
     return BudgetResult(
-        "fsdp-unshard", budget_gib, start, slack / GIB, greedy, _exact(items, slack, minimise=False), items
-    )
+        "fsdp-unshard", budget_gib, start, est.step_time_s, slack / GIB, greedy,
+        _exact(items, slack, minimise=False), items,
+    )  # fmt: skip

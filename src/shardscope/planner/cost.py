@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -21,20 +22,21 @@ def parse_tokens(text: str) -> float:
 
 @dataclass(frozen=True, slots=True)
 class TrainingCost:
-    tokens: float
-    steps: float
+    tokens: float  # the budget asked for
+    steps: int  # whole optimizer steps that cover it (the last one may pass the budget)
     days: float
     gpu_hours: float
-    cost: float | None  # in the currency of the hourly price
+    cost_usd: float | None  # at the given US dollars per GPU-hour
 
 
-def training_cost(est: Estimate, tokens: float, price_per_gpu_hour: float | None = None) -> TrainingCost:
-    seconds = tokens / est.tokens_per_s
+def training_cost(est: Estimate, tokens: float, usd_per_gpu_hour: float | None = None) -> TrainingCost:
+    steps = math.ceil(tokens / est.tokens_per_step)
+    seconds = steps * est.step_time_s
     gpu_hours = seconds * est.gpus / 3600
     return TrainingCost(
         tokens=tokens,
-        steps=tokens / est.tokens_per_step,
+        steps=steps,
         days=seconds / 86400,
         gpu_hours=gpu_hours,
-        cost=gpu_hours * price_per_gpu_hour if price_per_gpu_hour is not None else None,
+        cost_usd=gpu_hours * usd_per_gpu_hour if usd_per_gpu_hour is not None else None,
     )

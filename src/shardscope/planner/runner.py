@@ -147,9 +147,28 @@ def plan_search(
             f"no plan of {spec.name} fits {gpus}× {cluster.gpu.name} ({cluster.gpu.hbm_gib:g} GiB) at global batch "
             f"{global_batch} × {seq_len} tokens; try more GPUs or a smaller batch"
         )
-    best = result.candidates[:top]
+    best = distinct_plans(result.candidates, top)
     text = export_plan(export, spec, best[0].plan) if export else None
     return PlanOutcome(spec, cluster, result, best, n_tokens, text)
+
+
+def distinct_plans(candidates: list[Candidate], top: int) -> list[Candidate]:
+    """The first `top` candidates that differ in layout, recompute, micro-batch or priced outcome: a plan
+    offered under two sharding names that price the same (ZeRO-3 and FSDP under one stack) shows once."""
+    seen: set[tuple] = set()
+    out: list[Candidate] = []
+    for c in candidates:
+        p, e = c.plan, c.estimate
+        key = (
+            p.tp, p.pp, p.vpp, p.cp, p.dp, p.ep, p.recompute, p.recompute_modules, p.recompute_layers,
+            p.micro_batch, p.offload_optimizer, round(e.step_time_s, 9), round(e.memory.required_gib, 6),
+        )  # fmt: skip
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+            if len(out) == top:
+                break
+    return out
 
 
 def plan_document(outcome: PlanOutcome, objective: str, price: float | None) -> dict:

@@ -38,7 +38,8 @@ def print_estimate(est: Estimate, console: Console | None = None) -> None:
     perf.add_row("step time", _fmt_s(est.step_time_s))
     perf.add_row("tokens/s/GPU", f"{est.tokens_per_s_per_gpu:,.0f}")
     perf.add_row("model TFLOP/s/GPU", f"{est.model_tflops_per_gpu:,.1f}")
-    perf.add_row("MFU / HFU", f"{est.mfu:.1%} / {est.hfu:.1%}")
+    peak = f"of the {p['precision'].upper()} peak, {est.peak_tflops_per_gpu:,.0f} TFLOP/s"
+    perf.add_row("MFU / HFU", f"{est.mfu:.1%} / {est.hfu:.1%} ({peak})")
     perf.add_row("parameters", f"{est.params.total / 1e9:,.3f} B ({est.params.per_gpu / 1e9:,.3f} B per GPU)")
     console.print(perf)
     tt = Table(title="Where the step goes", title_justify="left")
@@ -81,26 +82,55 @@ def print_estimate(est: Estimate, console: Console | None = None) -> None:
         console.print(f"[yellow]warning:[/] {w}")
 
 
+def _print_whole(console: Console, table: Table) -> None:
+    """Print a catalog table at its natural width, wider than the terminal if need be: names and numbers
+    are never cut (a narrow terminal wraps the lines instead)."""
+    natural = console.measure(table, options=console.options.update_width(10_000)).maximum
+    narrow = console.width
+    console.width = max(narrow, natural)
+    console.print(table)
+    console.width = narrow
+
+
 def print_models(console: Console | None = None) -> None:
     from shardscope.models.catalog import list_models, load_model
 
     console = console or Console()
-    table = Table(title="Model catalog")
-    for col in ("name", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "mlp"):
-        table.add_column(col, justify="left" if col in ("name", "mlp") else "right", no_wrap=col == "name")
+    table = Table(title="Model catalog (B = billions of parameters; experts: routed+shared)")
+    columns = (
+        "name",
+        "params B",
+        "active B",
+        "layers",
+        "hidden",
+        "heads/kv",
+        "ffn",
+        "experts",
+        "expert ffn",
+        "top-k",
+        "vocab",
+        "mlp",
+    )
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("name", "mlp") else "right", no_wrap=True)
     for name in list_models():
         m = load_model(name)
+        moe = m.moe
         table.add_row(
             name,
-            f"{m.params_total / 1e9:,.2f} B",
+            f"{m.params_total / 1e9:,.2f}",
+            f"{m.params_active / 1e9:,.2f}",
             str(m.layers),
             str(m.hidden),
             f"{m.heads}/{m.kv_heads}",
             str(m.ffn_hidden),
+            f"{moe.experts}" + (f"+{moe.shared_experts}" if moe.shared_experts else "") if moe else "-",
+            str(moe.expert_ffn) if moe else "-",
+            str(moe.top_k) if moe else "-",
             str(m.vocab),
             m.mlp,
         )
-    console.print(table)
+    _print_whole(console, table)
 
 
 def print_gpus(console: Console | None = None) -> None:
@@ -109,7 +139,7 @@ def print_gpus(console: Console | None = None) -> None:
     console = console or Console()
     table = Table(title="GPU catalog (dense TFLOP/s; GB/s per GPU per direction)")
     for col in ("name", "BF16", "FP8", "HBM GiB", "HBM GB/s", "NVLink GB/s", "domain", "NIC GB/s", "sustained"):
-        table.add_column(col, justify="left" if col == "name" else "right")
+        table.add_column(col, justify="left" if col == "name" else "right", no_wrap=True)
     for g in list_gpus():
         table.add_row(
             g.name,
@@ -122,7 +152,7 @@ def print_gpus(console: Console | None = None) -> None:
             f"{g.scaleout_gbps:g}",
             f"{g.matmul_sustained_fraction:.0%}",
         )
-    console.print(table)
+    _print_whole(console, table)
 
 
 def print_plans(
@@ -157,6 +187,11 @@ def print_plans(
             f"{e.memory.required_gib:,.1f}",
         )
     console.print(table)
+    peaks = {(c.plan.precision, c.estimate.peak_tflops_per_gpu) for c in best}
+    console.print(
+        "MFU is against the dense peak of each plan's GEMM precision: "
+        + ", ".join(f"{prec.upper()} {peak:,.0f} TFLOP/s" for prec, peak in sorted(peaks))
+    )
     plans_by_warning: dict[str, list[str]] = {}
     for i, c in enumerate(best, 1):
         for w in c.estimate.warnings:
@@ -166,9 +201,10 @@ def print_plans(
         console.print(f"[yellow]warning[/] ({which}): {w}")
     if tokens:
         tc = training_cost(best[0].estimate, tokens, price)
-        money = f", cost {tc.cost:,.0f}" if tc.cost is not None else ""
+        money = f", US${tc.cost_usd:,.0f}" if tc.cost_usd is not None else ""
         console.print(
-            f"Training {tokens:,.3g} tokens with plan #1: {tc.days:,.1f} days, {tc.gpu_hours:,.0f} GPU-hours{money}"
+            f"Training {tokens:,.3g} tokens with plan #1: {tc.steps:,} steps, {tc.days:,.1f} days, "
+            f"{tc.gpu_hours:,.0f} GPU-hours{money}"
         )
 
 
@@ -176,14 +212,14 @@ def print_budget(result, console: Console | None = None) -> None:
     console = console or Console()
     if result.kind == "sac":
         console.print(
-            f"Plan needs {result.start_gib:.1f} GiB without recompute; budget {result.budget_gib:g} GiB: "
-            f"free {result.need_gib:.1f} GiB at the least recompute time."
+            f"Plan needs {result.start_gib:.1f} GiB without recompute (step {_fmt_s(result.start_step_s)}); "
+            f"budget {result.budget_gib:g} GiB: free {result.need_gib:.1f} GiB at the least recompute time."
         )
         value = "recompute time added"
     else:
         console.print(
-            f"Plan needs {result.start_gib:.1f} GiB; budget {result.budget_gib:g} GiB leaves "
-            f"{result.need_gib:.1f} GiB to keep weights unsharded after forward."
+            f"Plan needs {result.start_gib:.1f} GiB (step {_fmt_s(result.start_step_s)}); budget "
+            f"{result.budget_gib:g} GiB leaves {result.need_gib:.1f} GiB to keep weights unsharded after forward."
         )
         value = "time saved"
     table = Table()
@@ -202,7 +238,11 @@ def print_budget(result, console: Console | None = None) -> None:
         )
     console.print(table)
     for label, c in (("greedy", result.greedy), ("exact", result.exact)):
-        console.print(f"{label}: {c.freed_gib:.2f} GiB, {value} {c.cost_s * 1e3:.1f} ms per step")
+        sign = 1 if result.kind == "sac" else -1
+        console.print(
+            f"{label}: {c.freed_gib:.2f} GiB, {value} {c.cost_s * 1e3:.1f} ms per step "
+            f"(step ≈ {_fmt_s(result.start_step_s + sign * c.cost_s)})"
+        )
 
 
 def print_modules(result, console: Console | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Chrome-trace JSON (Perfetto, chrome://tracing) of a simulated step.
+"""Chrome-trace JSON (Perfetto, chrome://tracing) of a step, simulated or the closed form laid out in time.
 
 One process per simulated rank (one per pipeline stage), one thread per stream (compute, TP/CP/EP
 comm, DP/FSDP comm, PP send/recv), complete events named after the work ("layer 12 fwd attn", "fsdp
@@ -115,7 +115,8 @@ def trace_events(result: SimResult) -> list[dict[str, Any]]:
                 continue
             src_key = _feeder(result, t.action.kind, t.action.mb, t.action.chunk)
             src = ends.get(src_key) if src_key else None
-            if src is not None and src.rank != r:
+            # (the closed form packs each rank's work, so a receive may be drawn before its send: no arrow)
+            if src is not None and src.rank != r and t.start_s >= src.end_s:
                 flow += 1
                 ev.append(
                     _x(

@@ -675,8 +675,22 @@ def make_estimate(
         hardware_tflops_per_gpu=hardware_flops / step_s / plan.gpus / 1e12,
         mfu=model_flops / step_s / plan.gpus / peak,
         hfu=hardware_flops / step_s / plan.gpus / peak,
+        peak_tflops_per_gpu=peak / 1e12,
         fits=memory.required_gib <= gpu.hbm_gib and memory.host_gib <= gpu.host_memory_gib,
         memory=memory,
         time=time,
-        warnings=plan_warnings(plan, sc.graph) + extra_warnings,
+        warnings=plan_warnings(plan, sc.graph) + bubble_warning(plan, time, step_s) + extra_warnings,
+    )
+
+
+def bubble_warning(plan: Plan, time: TimeBreakdown, step_s: float) -> tuple[str, ...]:
+    """Say so when a non-interleaved pipeline idles for a quarter of the step or more: Megatron runs
+    1F1B without interleaving unless `--num-layers-per-virtual-pipeline-stage` is set, and the large
+    published pipeline runs (NeMo's PP recipes, Llama 3 405B) all interleave."""
+    share = time.bubble_s / step_s if step_s > 0 else 0.0
+    if plan.pp == 1 or plan.vpp > 1 or share < 0.25:
+        return ()
+    return (
+        f"the pipeline bubble is {share:.0%} of the step: PP{plan.pp} with {plan.grad_accum} micro-batches runs "
+        "non-interleaved 1F1B unless --vpp is given (interleaved runs divide the bubble by the vpp)",
     )
