@@ -39,6 +39,7 @@ DEEPSEEK_V3 = dict(
     recompute="selective",
     recompute_modules="layernorm,mla_up_proj,moe_act",
     optimizer_moments="bf16",
+    fp8_activation_cache=True,
     seq_len=4096,
     global_batch=15360,
     schedule="dualpipe",
@@ -116,9 +117,12 @@ def test_dualpipe_activation_memory_pp_plus_one(pp, m):
     # (the same count as 1F1B's stage on a middle rank, twice over)
     sc = step_costs(spec, cluster, plan)
     own, mirror = (rank_memory(spec, plan, sc.graph, cluster.gpu.arch, s).state for s in (r, pp - 1 - r))
-    assert mem.params_gib == pytest.approx((own.params + mirror.params) / GIB)
-    assert mem.grads_gib == pytest.approx((own.grads + mirror.grads) / GIB)
-    assert mem.params_gib == pytest.approx(2 * own.params / GIB, rel=0.05)
+    if 0 < r < pp - 1:  # a middle rank: no embedding or output head on either copy
+        assert mem.params_gib == pytest.approx((own.params + mirror.params) / GIB)
+        assert mem.grads_gib == pytest.approx((own.grads + mirror.grads) / GIB)
+        assert mem.params_gib == pytest.approx(2 * own.params / GIB, rel=0.05)
+    else:  # the first and last stages together: the MTP module shares the one embedding (report §3.2.3)
+        assert own.params < mem.params_gib * GIB < own.params + mirror.params
 
 
 def _bubble(pp: int, m: int, f: float, b: float, w: float, f_pair: float, b_pair: float) -> float:
@@ -210,9 +214,10 @@ def test_dualpipe_allows_ep_comm_overlap():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="our activation model saves the MoE SwiGLU inputs and the attention output in BF16, where DeepSeek "
-    "caches them in FP8 / E5M6 (report §3.3.3): ~12 GiB over the 17 in-flight micro-batches of 4 layers, so "
-    "the plan needs ~90 GiB of the H800's 79.6 by our count",
+    reason="with DeepSeek's FP8/E5M6 activation cache the plan needs 80.3 GiB of the H800's 79.6 by our count "
+    "(rank 0: 35 GiB of activations for 17 in-flight micro-batches, 10 GiB of FP8 weight copies kept rowwise "
+    "and columnwise as Transformer Engine's blockwise recipe does, fp32 gradients of both DualPipe copies): "
+    "within our memory error of fitting, but over",
 )
 def test_deepseek_v3_dualpipe_2048_h800_fits():
     est = shardscope.estimate("deepseek-v3", **DEEPSEEK_V3)
@@ -228,3 +233,26 @@ def test_deepseek_v3_dualpipe_throughput_near_published():
     none hidden to all hidden moves our figure from about -10% to +10%."""
     est = shardscope.estimate("deepseek-v3", **DEEPSEEK_V3)
     assert est.tokens_per_s_per_gpu == pytest.approx(PUBLISHED_TOKENS_PER_S_PER_GPU, rel=0.25)
+
+
+def test_fp8_activation_cache_stores_what_deepseek_describes():
+    """DeepSeek-V3 §3.3.3: the attention output once in E5M6 (1.5 B, instead of a BF16 copy and an FP8 copy
+    for the out projection), the MoE SwiGLU input in FP8 with 1x128 fp32 scales (instead of BF16)."""
+    from shardscope.graph.build import build_stage_graph
+
+    spec, cluster, plain = shardscope.setup(
+        "deepseek-v3", gpu="H800", gpus=64, ep=64, precision="fp8", fp8_recipe="blockwise"
+    )
+    cached = shardscope.records.evolve(plain, fp8_activation_cache=True)
+    moe_kind = max(spec.kind_counts(range(spec.layers)), key=lambda k: k.mlp == "moe")
+    saved = {
+        which: {s.name: s.bytes for s in build_stage_graph(spec, plan).layers[moe_kind].saved}
+        for which, plan in (("plain", plain), ("cached", cached))
+    }
+    out = saved["cached"]["attention out (E5M6, attention and out proj backward)"]
+    assert out == pytest.approx(
+        (saved["plain"]["attention out"] + saved["plain"]["attention out (fp8 copy for out proj)"]) / 2
+    )
+    assert saved["cached"]["experts gate, up"] == pytest.approx(saved["plain"]["experts gate, up"] * (1 + 4 / 128) / 2)
+    with pytest.raises(ShardscopeError, match="fp8"):
+        shardscope.setup("deepseek-v3", gpu="H800", gpus=64, ep=64, fp8_activation_cache=True)

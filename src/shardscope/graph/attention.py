@@ -11,6 +11,7 @@ from __future__ import annotations
 from shardscope.graph.common import (
     ALL,
     BF16,
+    E5M6,
     FP32,
     NONE_ONLY,
     NOT_FULL,
@@ -182,10 +183,13 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
     saved += tagged(core_saved, "core_attn")
     out_w = nh * v_hd
     # the attention output is also the out-projection's saved input, unless that keeps an FP8 copy
-    out = Saved("attention out", BF16 * t * out_w, NOT_FULL)
-    saved += tagged([out], "core_attn") if sh.fp8 else [out]
-    if sh.fp8:
-        saved.append(Saved("attention out (fp8 copy for out proj)", t * out_w, NONE_ONLY))
+    if sh.fp8 and plan.fp8_activation_cache:  # one E5M6 copy (12 bits) serves both backward readers
+        saved.append(Saved("attention out (E5M6, attention and out proj backward)", E5M6 * t * out_w, NOT_FULL))
+    else:
+        out = Saved("attention out", BF16 * t * out_w, NOT_FULL)
+        saved += tagged([out], "core_attn") if sh.fp8 else [out]
+        if sh.fp8:
+            saved.append(Saved("attention out (fp8 copy for out proj)", t * out_w, NONE_ONLY))
     ops.append(gemm("out proj", t, h, out_w, sh.fp8))
     ops.append(residual("attn residual add", model, t_sp))
     saved.append(Saved("attn residual (mlp norm input)", BF16 * t_sp * h, NOT_FULL))

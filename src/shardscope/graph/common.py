@@ -19,6 +19,8 @@ SELECTIVE_ONLY = frozenset({"selective"})
 
 BF16 = 2  # bytes per activation element in bf16/fp16 mixed precision
 FP32 = 4
+E5M6 = 1.5  # DeepSeek-V3's 12-bit activation format (1 sign, 5 exponent, 6 mantissa bits)
+FP8_BLOCK_SCALED = 1 + FP32 / 128  # an FP8 element with its share of one fp32 scale per 1x128 tile
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from shardscope.graph.common import (
     BF16,
+    FP8_BLOCK_SCALED,
     FP32,
     NONE_ONLY,
     NOT_FULL,
@@ -69,6 +70,7 @@ def _ffn(
     act_module: str = "",
     fused: bool = False,
     fused_mlp: bool = False,
+    glu_input_bytes: float = BF16,
 ):
     """Gate/up GEMM, activation, down GEMM on `tokens` rows of width `ffn` (already TP/ETP-split), all
     tagged with the Megatron recompute `modules` that re-run them (and the activation with `act_module`).
@@ -80,7 +82,8 @@ def _ffn(
     `fused_mlp`: Transformer Engine's fused grouped MLP computes the GLU (its clamp included) and the routing
     weights in the gate/up GEMM's epilogue and its gradient in the dgrad's (TE 2.14-2.16
     `ops/fused/{forward,backward}_grouped_mlp.py`, one `grouped_mlp.py` from 2.17): no activation kernel and
-    no clamp of its own; what backward needs stays saved."""
+    no clamp of its own; what backward needs stays saved. `glu_input_bytes`: bytes per element of the saved
+    GLU input (gate, up)."""
     h = model.hidden
     # weighted (experts), unless Transformer Engine's fused MLP computes it
     quick_geglu_copy = fused and bool(act_module) and model.glu_gate == "quick_gelu" and not fused_mlp
@@ -110,7 +113,7 @@ def _ffn(
                 )
             )
         saved += [
-            Saved(f"{pre}gate, up", 2 * BF16 * tokens * ffn, NOT_FULL),
+            Saved(f"{pre}gate, up", 2 * glu_input_bytes * tokens * ffn, NOT_FULL),
             *([] if fused else [Saved(f"{pre}silu(gate)", BF16 * tokens * ffn, NONE_ONLY)]),
             Saved(f"{pre}swiglu out (down input)", gemm_in * tokens * ffn, NONE_ONLY),
         ]
@@ -366,6 +369,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
         act_module="moe_act",
         fused=plan.fused_swiglu,
         fused_mlp=plan.fused_expert_mlp,
+        glu_input_bytes=FP8_BLOCK_SCALED if sh.fp8 and plan.fp8_activation_cache else BF16,
     )
     # Counts not aligned to the FP8 GEMM's rows (TE `get_align_size_for_quantization`: 32 for MXFP8, else
     # 16), by the router's padding, HybridEP's padded dispatch (`pad_multiple`, core_v0.16-0.18

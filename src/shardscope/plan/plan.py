@@ -113,6 +113,13 @@ class Plan:
     # FP8 parameters: the weights are held and all-gathered in FP8, with no BF16 copy (Megatron
     # --fp8-param-gather, torchao's FSDP float8 all-gather); the optimizer keeps its fp32 master weights
     fp8_all_gather: bool = opt(False, "precision", "FP8 parameters, gathered in FP8, no BF16 copy (--fp8-param-gather)")
+    # DeepSeek-V3's low-precision activation cache (arXiv 2412.19437 §3.3.3): the attention output, which the
+    # attention backward and the out projection's wgrad both read, is kept once in a 12-bit E5M6 format, and
+    # the MoE SwiGLU input in FP8 with 1x128 scales (its output is recomputed: `--recompute-modules moe_act`)
+    fp8_activation_cache: bool = opt(
+        False, "precision", "cache the attention output in E5M6 and the MoE SwiGLU input in FP8 (DeepSeek-V3)",
+        graph=True,
+    )  # fmt: skip
     # moe
     moe_imbalance: float = opt(1.0, "moe", "extra load factor on the hottest EP rank (dropless)", graph=True)
     moe_skew: float = opt(0.0, "moe", "Zipf exponent of expert popularity (0 = balanced)", graph=True)
@@ -529,6 +536,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
             )
     if plan.vpp > 1 and plan.pp == 1:
         raise ShardscopeError("--vpp > 1 (interleaved schedule) needs --pp > 1")
+    if plan.fp8_activation_cache and plan.precision != "fp8":
+        raise ShardscopeError("--fp8-activation-cache needs --precision fp8")
     stages = plan.pp * plan.vpp
     if plan.pp_layout:
         if len(plan.pp_layout) != stages or sum(plan.pp_layout) != model.layers or min(plan.pp_layout) < 0:

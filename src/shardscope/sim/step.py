@@ -25,10 +25,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from shardscope.costs.compute import group_times_s
-from shardscope.costs.memory import StateBytes, layers_saved_bytes, model_state_bytes, mtp_heads, mtp_saved_bytes
+from shardscope.costs.memory import (
+    StateBytes,
+    layers_saved_bytes,
+    model_state_bytes,
+    mtp_heads,
+    mtp_saved_bytes,
+    rank_params_local,
+)
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import LayerKind, ModelSpec
 from shardscope.plan.plan import Plan, chunk_sizes
+from shardscope.records import evolve
 from shardscope.result import Estimate, TimeBreakdown
 from shardscope.sim.engine import Layout, Timed, run_schedule
 from shardscope.sim.schedules import Action, Unit, build_schedule, chunks_of_schedule, dualpipe_units
@@ -453,6 +461,16 @@ def simulate_step(
     )
     extra = (f"simulated with the {name} schedule",)
     est = make_estimate(model, cluster, plan, sc, step, time, memory, extra)
+    if dualpipe:  # a rank holds the weights of its two stages (less the embedding the MTP module shares)
+        mtp_shares = plan.mtp and model.mtp_layers and plan.mtp_rank > 0
+        embedding = model.vocab * model.hidden / plan.tp
+
+        def held_params(r: int) -> float:
+            both = sum(p for s in held[r] for p in rank_params_local(model, plan, s))
+            return both - (embedding if mtp_shares and {0, plan.mtp_rank} <= set(held[r]) else 0.0)
+
+        per_gpu = max(held_params(r) for r in range(pp))
+        est = evolve(est, params=replace(est.params, per_gpu=int(round(per_gpu))))
     return SimResult(
         est,
         name,
