@@ -195,6 +195,15 @@ def test_non_finite_moe_flags_refused(flag: str, value: str) -> None:
     assert_one_line_error(run("estimate", "mixtral-8x7b", flag, value), flag)
 
 
+def test_routing_knobs_bounded_by_what_they_describe() -> None:
+    """The hottest of ep ranks gets at most all the tokens (ep times the mean); past experts/top-k a
+    capacity factor drops nothing; past a Zipf exponent of 16 one expert takes all the tokens."""
+    assert_one_line_error(run("estimate", "mixtral-8x7b", "--moe-imbalance", "2"), "must be 1 to 1")
+    assert run("estimate", "mixtral-8x7b", "--ep", "8", "--moe-imbalance", "2", "--json").exit_code == 0
+    assert_one_line_error(run("estimate", "mixtral-8x7b", "--capacity-factor", "4.5"), "0 to 4 (experts / top-k")
+    assert_one_line_error(run("estimate", "mixtral-8x7b", "--moe-skew", "1e308"), "must be 0 to 16")
+
+
 # ----- never a traceback -------------------------------------------------------------------------------
 BASES = ("llama3.1-8b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite", "gpt-oss-20b", "llama4-scout",
          "gpt2", "gpt-neox-20b", "mpt-7b", "wan2.1-t2v-1.3b", "hunyuanvideo")  # fmt: skip
