@@ -1,11 +1,14 @@
 """The launchable exports against the frameworks themselves: every Megatron-LM flag and torchtitan key
 exists in that framework's own parser or config, the Megatron network matches the Megatron-Core MoE
-team's own launch configs, and each torchtitan flavor has the shape of the model that was priced."""
+team's own launch configs, and each torchtitan flavor has the shape of the model that was priced. The
+exports name the framework release, carry what a launch needs, and refuse what the release cannot run;
+`--export X` searches only the plans X can run. (The frameworks' own loaders: test_export_frameworks.py.)"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shlex
 import tomllib
 from pathlib import Path
@@ -13,10 +16,23 @@ from pathlib import Path
 import pytest
 import yaml
 
+from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import make_cluster
 from shardscope.models.catalog import load_model
-from shardscope.plan.plan import make_plan
-from shardscope.planner.export import TORCHTITAN_FLAVORS, export, to_megatron
+from shardscope.plan.plan import chunk_sizes, make_plan
+from shardscope.planner.export import (
+    FILL_IN,
+    TORCHTITAN_FLAVORS,
+    export,
+    export_target,
+    launch_for,
+    megatron_launch_args,
+    runnable_problems,
+    titan_pipeline_split,
+    titan_stage_layers,
+    to_megatron,
+)
+from shardscope.planner.export.common import torchrun
 
 VALIDATION = Path(__file__).parent.parent / "validation"
 ZOO = yaml.safe_load((VALIDATION / "megatron_moe_model_zoo.yaml").read_text())["models"]
@@ -60,6 +76,12 @@ def _plan(model_name: str, variant: dict, gpu: str = "H100"):
     return m, make_plan(m, make_cluster(gpu, 256), global_batch=256, seq_len=4096, **kw)
 
 
+def launch_command(text: str) -> list[str]:
+    """The words of an export script's launch command as the shell splits them (placeholders unexpanded)."""
+    body = "\n".join(line for line in text.splitlines() if not line.startswith("#")).replace("\\\n", " ")
+    return shlex.split(next(line for line in body.splitlines() if line.startswith("torchrun")))
+
+
 def _megatron_values(args: list[str]) -> dict[str, str | bool]:
     out: dict[str, str | bool] = {}
     for i, a in enumerate(args):
@@ -75,12 +97,13 @@ def test_every_megatron_flag_is_one_megatron_lm_parses(name, variant):
     """validation/megatron_lm_flags.txt: the option strings of Megatron-LM's own parser (built by
     tools/megatron_lm_flags.py from megatron/training/arguments.py at a pinned commit)."""
     m, plan = _plan(name, variant)
-    flags = {a for a in to_megatron(m, plan) if a.startswith("--")}
+    launch = launch_for(plan)
+    flags = {a for a in [*to_megatron(m, plan), *megatron_launch_args(launch)] if a.startswith("--")}
     assert flags <= MEGATRON_FLAGS, sorted(flags - MEGATRON_FLAGS)
     # and the shell command is exactly those arguments (patterns such as ([0]*3+[1]*58) are quoted)
     text = export("megatron", m, plan)
-    command = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
-    assert shlex.split(command.replace("\\\n", " ")) == ["torchrun", "pretrain_gpt.py", *to_megatron(m, plan)]
+    words = [*torchrun(launch), "pretrain_gpt.py", *to_megatron(m, plan), *megatron_launch_args(launch)]
+    assert launch_command(text) == words
 
 
 # Megatron-LM's defaults for the network arguments a launch config may leave out (TransformerConfig
@@ -145,14 +168,29 @@ def _toml_keys(table: dict, prefix: str = "") -> set[str]:
     return keys
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=range(len(VARIANTS)))
+# Plans torchtitan runs (FSDP2 sharding, op-level selective or whole-block recompute, torchao FP8 recipes)
+TITAN_VARIANTS = [
+    dict(tp=4, pp=4, vpp=2, fsdp=True, recompute="selective", micro_batch=2),
+    dict(tp=2, cp=2, fsdp=True, recompute="full", precision="fp8", fp8_recipe="rowwise"),
+    dict(tp=1, pp=2, fsdp=True, offload_optimizer=True, precision="fp8", fp8_all_gather=True),
+    dict(tp=1, fsdp=True, reshard_after_forward=False, precision="fp8", fp8_recipe="mxfp8"),
+]
+
+
+@pytest.mark.parametrize("variant", TITAN_VARIANTS, ids=range(len(TITAN_VARIANTS)))
 @pytest.mark.parametrize("name", MODELS)
 def test_every_torchtitan_key_is_in_its_job_config(name, variant):
     """validation/torchtitan_job_config_keys.txt: the fields of torchtitan v0.2.2's JobConfig. The
     batch follows its train.py: gradient accumulation = global / (local x batch degree) without PP, the
-    pipeline's micro-batches = local / microbatch size with it."""
+    pipeline's micro-batches = local / microbatch size with it. A model torchtitan 0.2 has no flavor of is
+    refused, saying so."""
     m, plan = _plan(name, variant)
-    titan = tomllib.loads(export("torchtitan", m, plan))
+    if name not in TORCHTITAN_FLAVORS:
+        with pytest.raises(ShardscopeError, match=f"no model flavor of {name}"):
+            export("torchtitan@0.2", m, plan)
+        return
+    text = export("torchtitan@0.2", m, plan)
+    titan = tomllib.loads(text)
     keys = _toml_keys(titan)
     assert keys <= TITAN_KEYS, sorted(keys - TITAN_KEYS)
     converters = titan["model"].get("converters", [])
@@ -160,17 +198,73 @@ def test_every_torchtitan_key_is_in_its_job_config(name, variant):
         c.split(".")[-1] in titan["quantize"][c.split(".")[1]] for c in converters
     )
     assert bool(converters) == (plan.precision == "fp8")
-    assert ("selective AC is op-level" in export("torchtitan", m, plan)) == (plan.recompute == "selective")
+    if "quantize.linear.float8" in converters:
+        float8 = titan["quantize"]["linear"]["float8"]
+        assert float8["recipe_name"] == plan.fp8_recipe and float8["enable_fsdp_float8_all_gather"] == plan.fp8_params
+    assert ("selective AC is op-level" in text) == (plan.recompute == "selective")
     par, train = titan["parallelism"], titan["training"]
     batch_degree = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
-    assert batch_degree == plan.dp
+    assert batch_degree == plan.dp and train["enable_cpu_offload"] == plan.offload_optimizer
     local = train["local_batch_size"]
     assert train["global_batch_size"] % (local * batch_degree) == 0
     accumulation = train["global_batch_size"] // (local * batch_degree)
     if plan.pp > 1:
         assert accumulation == 1 and local // par["pipeline_parallel_microbatch_size"] == plan.grad_accum
+        if "module_fqns_per_model_part" in par:  # torchtitan's own split cannot give the priced chunks
+            parts = par["module_fqns_per_model_part"]
+            split = [sum(n.startswith("layers.") for n in part) for part in parts]
+            assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
+        else:
+            first, last = (par[f"pipeline_parallel_{s}_stage_less_layers"] for s in ("first", "last"))
+            split = titan_stage_layers(plan.pp * plan.vpp, m.layers, first, last)
+            assert -(-(m.layers + first + last) // par["pipeline_parallel_layers_per_stage"]) == plan.pp * plan.vpp
+        assert split == chunk_sizes(plan.pp * plan.vpp, m.layers)
     else:
         assert local == plan.micro_batch and accumulation == plan.grad_accum
+
+
+@pytest.mark.parametrize(
+    "release,kw,needle",
+    [
+        ("0.2", dict(zero=1), "ZeRO-1: torchtitan shards model state with FSDP2 only"),
+        ("0.3", dict(zero=1), "ZeRO-1: torchtitan shards model state with FSDP2 only"),
+        ("0.2", dict(fsdp=True, recompute="full", recompute_layers=4), "full AC wraps every block"),
+        ("0.2", dict(fsdp=True, precision="fp8", fp8_recipe="blockwise"), "blockwise FP8 scaling"),
+        ("0.3", dict(fsdp=True, precision="fp8", fp8_recipe="tensorwise"), "llama3.llama3_405b (rowwise FP8)"),
+        ("0.3", dict(fsdp=True), "only as llama3.llama3_405b (rowwise FP8), not bf16 GEMMs"),
+        ("0.2", dict(fsdp=True, cp=2, cp_kind="a2a"), "all-to-all (Ulysses) context parallelism"),
+        ("0.2", dict(fsdp=True, cuda_graphs="attn"), "per-layer CUDA graphs"),
+        ("0.2", dict(fsdp=True, tp=8, tp_comm_overlap=True), "async TP without torch.compile"),
+        ("0.2", dict(zero=0, tp=8), "DDP with TP/PP/CP/EP"),
+    ],
+)
+def test_torchtitan_refuses_what_it_cannot_express(release, kw, needle):
+    """What torchtitan cannot run is refused with the reason and the torchtitan file that decides it, rather
+    than exported as something else (ZeRO-1 as FSDP, partial recompute as full, blockwise FP8 as rowwise)."""
+    m = load_model("llama3.1-405b")
+    plan = make_plan(m, make_cluster("H100", 512), global_batch=512, seq_len=4096, **kw)
+    with pytest.raises(ShardscopeError, match=r"torchtitan@" + release + r" cannot run") as err:
+        export(f"torchtitan@{release}", m, plan)
+    assert needle in str(err.value) and "torchtitan" in str(err.value).split(needle)[1]
+
+
+def test_ep_overlap_is_expressed_or_refused():
+    """The EP all-to-all overlap the plan priced: Megatron's flag; torchtitan 0.2's DualPipeV overlap (PP with two
+    stages per rank, no activation checkpointing); refused by torchtitan 0.3 and DeepSpeed, which have none."""
+    m = load_model("deepseek-v2-lite")
+    kw = dict(pp=2, vpp=2, ep=8, fsdp=True, ep_comm_overlap=True, global_batch=256, seq_len=4096)
+    plan = make_plan(m, make_cluster("H100", 64), **kw)
+    assert "--overlap-moe-expert-parallel-comm" in launch_command(export("megatron", m, plan))
+    par = tomllib.loads(export("torchtitan@0.2", m, plan))["parallelism"]
+    assert par["pipeline_parallel_schedule"] == "DualPipeV" and par["pipeline_parallel_expert_parallel_overlap"]
+    with pytest.raises(ShardscopeError, match="DualPipeV"):
+        export("torchtitan@0.2", m, dataclasses.replace(plan, recompute="selective"))
+    for target in ("torchtitan@0.3", "deepspeed"):
+        with pytest.raises(ShardscopeError, match="EP all-to-all overlap"):
+            export(target, m, plan)
+    without = dataclasses.replace(plan, ep_comm_overlap=False)
+    assert "--overlap-moe-expert-parallel-comm" not in launch_command(export("megatron", m, without))
+    assert "pipeline_parallel_expert_parallel_overlap" not in export("torchtitan@0.2", m, without)
 
 
 @pytest.mark.parametrize("name", sorted(TITAN))
@@ -207,11 +301,17 @@ def test_every_torchtitan_flavor_we_name_is_checked():
     assert set(TORCHTITAN_FLAVORS) == set(TITAN)
 
 
-def test_torchtitan_without_a_flavor_and_deepspeed_with_experts_say_so():
-    m, plan = _plan("kimi-k2", dict(tp=1, pp=4, zero=1))
-    assert "no flavor of kimi-k2" in export("torchtitan", m, plan)
-    notes = " ".join(json.loads(export("deepspeed", m, plan))["_shardscope"]["notes"])
+def test_torchtitan_without_a_config_and_deepspeed_with_experts_say_so():
+    m, plan = _plan("kimi-k2", dict(tp=1, pp=4, fsdp=True))
+    with pytest.raises(ShardscopeError, match="no model flavor of kimi-k2"):
+        export("torchtitan@0.2", m, plan)
+    with pytest.raises(ShardscopeError, match="no pretraining config of kimi-k2"):
+        export("torchtitan", m, plan)
+    flat = dataclasses.replace(plan, fsdp=False, zero=1, ep_dispatch="flat")
+    notes = " ".join(json.loads(export("deepspeed", m, flat))["_shardscope"]["notes"])
     assert "MoE(ep_size=8)" in notes
+    with pytest.raises(ShardscopeError, match="deepep dispatcher: DeepSpeed MoE dispatches"):
+        export("deepspeed", m, dataclasses.replace(flat, ep_dispatch="deepep"))
 
 
 @pytest.mark.parametrize("name,window", [("mistral-7b", 4096), ("mixtral-8x7b", 0)])
@@ -251,3 +351,179 @@ def test_deepeps_fused_routing_map_is_megatrons_experimental_switch():
     assert plan.deepep_fused_routing_map and "--enable-experimental" in to_megatron(m, plan)
     assert "--enable-experimental" not in to_megatron(m, dataclasses.replace(plan, deepep_fused_routing_map=False))
     assert "--enable-experimental" not in to_megatron(m, dataclasses.replace(plan, ep_dispatch="hybridep"))
+
+
+@pytest.mark.parametrize(
+    "spec,label",
+    [
+        ("torchtitan", "torchtitan@0.3"),
+        ("torchtitan@0.2", "torchtitan@0.2"),
+        ("torchtitan@v0.2.2", "torchtitan@0.2"),
+        ("megatron", "megatron@0.16"),
+        ("megatron-lm@core_r0.14", "megatron@0.14"),
+        ("deepspeed", "deepspeed@0.16"),
+        ("deepspeed@0.17.6", "deepspeed@0.17"),
+    ],
+)
+def test_export_target_is_a_stack_release(spec, label):
+    """`--export NAME[@RELEASE]` is parsed as `--stack` is (aliases, release spellings); torchtitan defaults to
+    its current release, 0.3, the others to the release their stack prices by default."""
+    target = export_target(spec)
+    assert target.label == label and target.stack.label == label
+
+
+@pytest.mark.parametrize(
+    "spec,needle",
+    [("jax", "--export jax"), ("nemo", "--export must be one of"), ("torchtitan@0.1", "0.2, 0.3"),
+     ("megatron@2021", "0.12, 0.13")],
+)  # fmt: skip
+def test_export_target_refuses_what_no_exporter_writes(spec, needle):
+    with pytest.raises(ShardscopeError, match=re_escape(needle)):
+        export_target(spec)
+
+
+def re_escape(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+@pytest.mark.parametrize("fmt", ["torchtitan@0.3", "torchtitan@0.2", "megatron", "deepspeed"])
+def test_export_carries_launch_settings(fmt):
+    """Each export carries the nodes, GPUs per node, global and micro batch, the whole steps that train the
+    token budget (rounded up) and the FILL IN placeholders of the learning-rate schedule and the data path;
+    without a budget the steps are a placeholder too."""
+    m = load_model("llama3.1-70b")
+    plan = make_plan(
+        m, make_cluster("H100", 256), tp=8, fsdp=True, reshard_after_forward=False, global_batch=512, seq_len=8192
+    )  # one plan every framework runs (DeepSpeed: ZeRO-2 with AutoTP)
+    tokens = 1.5e12
+    steps = math.ceil(tokens / (512 * 8192))
+    launch = launch_for(plan, 8, tokens)
+    assert (launch.nodes, launch.gpus_per_node, launch.steps) == (32, 8, steps)
+    text = export(fmt, m, plan, launch)
+    assert f"{FILL_IN}: lr schedule" in text and f"{FILL_IN}: data path" in text
+    if fmt == "deepspeed":
+        cfg = json.loads(text)
+        run = cfg["_shardscope"]["launch"]
+        assert (run["nodes"], run["gpus_per_node"], run["train_steps"]) == (32, 8, steps)
+        assert "--num_nodes 32 --num_gpus 8" in run["command"] and FILL_IN in run["data_path"]
+        assert cfg["scheduler"]["params"]["total_num_steps"] == steps
+        assert (cfg["train_batch_size"], cfg["train_micro_batch_size_per_gpu"]) == (512, plan.micro_batch)
+        assert FILL_IN in cfg["optimizer"]["params"]["lr"]
+    elif fmt == "torchtitan@0.2":
+        job = tomllib.loads(text)
+        assert "--nnodes 32 --nproc_per_node 8" in text
+        assert job["training"]["steps"] == steps and job["training"]["global_batch_size"] == 512
+        assert FILL_IN in job["optimizer"]["lr"] and FILL_IN in job["training"]["dataset_path"]
+    else:
+        words = launch_command(text)
+        assert words[words.index("--nnodes") + 1] == "32" and words[words.index("--nproc_per_node") + 1] == "8"
+        value = {w: words[i + 1] for i, w in enumerate(words[:-1])}
+        if fmt == "megatron":
+            assert value["--train-iters"] == str(steps) and value["--global-batch-size"] == "512"
+            assert value["--micro-batch-size"] == str(plan.micro_batch) and value["--lr"] == "$LR"
+            assert value["--data-path"] == "$DATA_PATH"
+        else:
+            assert value["--training.steps"] == str(steps) and value["--training.global_batch_size"] == "512"
+            assert value["--dataloader.dataset_path"] == "$DATA_PATH"
+        assert 'LR="${LR:?FILL IN: lr schedule' in text and 'DATA_PATH="${DATA_PATH:?FILL IN: data path' in text
+    unbudgeted = export(fmt, m, plan)
+    assert f"{FILL_IN}: training steps" in unbudgeted or f"{FILL_IN}: training iterations" in unbudgeted
+
+
+def test_405b_layers_per_stage_reproduce_the_priced_chunks():
+    """The pipeline split torchtitan builds (its `_generate_llm_fqn_per_model_part`, replicated) is the priced
+    one: 126 layers on 32 chunks with the embedding and output as a layer each; where no allowance gives it
+    (27 layers, 8 chunks: extra layers to the middle chunks), each chunk's modules are listed."""
+    m = load_model("llama3.1-405b")
+    plan = make_plan(m, make_cluster("H100", 512), tp=8, pp=8, vpp=4, fsdp=True, global_batch=512, seq_len=4096)
+    split = titan_pipeline_split(m, plan)
+    assert split == {
+        "pipeline_parallel_first_stage_less_layers": 1,
+        "pipeline_parallel_last_stage_less_layers": 1,
+        "pipeline_parallel_layers_per_stage": 4,
+    }
+    assert titan_stage_layers(32, 126, 1, 1) == chunk_sizes(32, 126)
+    lite = load_model("deepseek-v2-lite")
+    plan = make_plan(lite, make_cluster("H100", 64), pp=4, vpp=2, fsdp=True, global_batch=256, seq_len=4096)
+    parts = titan_pipeline_split(lite, plan)["module_fqns_per_model_part"]
+    assert [sum(n.startswith("layers.") for n in p) for p in parts] == chunk_sizes(8, 27) == [3, 4, 4, 4, 3, 3, 3, 3]
+    assert [n for p in parts for n in p if n.startswith("layers.")] == [f"layers.{i}" for i in range(27)]
+
+
+def test_megatron_releases_refuse_what_came_later():
+    """A Megatron-Core release before a setting's field (read from the megatron-core wheels) refuses it; DeepEP
+    before core 0.16 is `--moe-enable-deepep`."""
+    m = load_model("deepseek-v2-lite")
+    plan = make_plan(m, make_cluster("H100", 64), ep=8, zero=1, global_batch=256, seq_len=4096)
+    overlap = dataclasses.replace(plan, ep_comm_overlap=True)
+    assert export("megatron@0.14", m, overlap)
+    with pytest.raises(ShardscopeError, match="EP all-to-all overlap: Megatron-Core has it from core 0.14"):
+        export("megatron@0.13", m, overlap)
+    deepep = dataclasses.replace(plan, ep_dispatch="deepep")
+    assert "--moe-enable-deepep" in launch_command(export("megatron@0.15", m, deepep))
+    assert "--moe-flex-dispatcher-backend" in launch_command(export("megatron@0.16", m, deepep))
+    with pytest.raises(ShardscopeError, match="HybridEP dispatcher"):
+        export("megatron@0.15", m, dataclasses.replace(plan, ep_dispatch="hybridep"))
+    assert runnable_problems("megatron@0.13", m, dataclasses.replace(plan, zero=0, fsdp=True))
+
+
+def test_export_searches_only_runnable_plans():
+    """`--export X` searches only plans X can run, under X's stack: every plan of the DeepSpeed search runs
+    under DeepSpeed (no ZeRO-3 with AutoTP, no ZeRO-2/3 with PP), while the same search without the export
+    ranks plans DeepSpeed cannot run; the exported plan is the best of the runnable ones."""
+    from shardscope.planner.runner import plan_search
+
+    options = dict(
+        model="llama3.1-8b", gpu="H100", gpus=16, gpus_per_node=None, seq_len=4096, global_batch=64,
+        video=None, precision="bf16", objective="throughput", top=400, tokens="100B", workers=1,
+        executor="local",
+    )  # fmt: skip
+    m = load_model("llama3.1-8b")
+    free = plan_search(**options, export=None, stack="deepspeed")
+    assert any(runnable_problems("deepspeed", m, c.plan) for c in free.best)
+    runnable = plan_search(**options, export="deepspeed")
+    assert runnable.best and not any(runnable_problems("deepspeed", m, c.plan) for c in runnable.best)
+    best, fastest = runnable.best[0], free.best[0]
+    assert best.estimate.tokens_per_s_per_gpu <= fastest.estimate.tokens_per_s_per_gpu
+    assert all(c.plan.linear_impl == "torch" for c in runnable.best)  # priced under the DeepSpeed stack
+    assert runnable.export_text == export("deepspeed", m, best.plan, launch_for(best.plan, 8, 100e9))
+    titan = plan_search(**options, export="torchtitan")
+    assert titan.best and not any(runnable_problems("torchtitan@0.3", m, c.plan) for c in titan.best)
+    assert all(c.plan.fsdp or (c.plan.zero == 0) for c in titan.best)
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["llama3.1-405b", "--gpus", "512", "--export", "torchtitan"], "llama3.llama3_405b (rowwise FP8)"),
+        (["llama3.1-8b", "--precision", "fp8", "--export", "deepspeed"], "FP8 GEMMs"),
+        (["qwen3-30b-a3b", "--ep-dispatch", "deepep", "--export", "torchtitan@0.3"], "deepep dispatcher"),
+        (["llama3.1-8b", "--export", "megatron@2021"], "written for releases"),
+        (["llama3.1-8b", "--stack", "megatron", "--export", "deepspeed"], "--stack megatron@0.16"),
+    ],
+)
+def test_plan_export_refuses_what_the_framework_cannot_run(args, needle):
+    """What every plan of the search shares (precision, a fixed dispatcher, the model) and the framework release
+    cannot run: one line on stderr and exit 2, before any search."""
+    from typer.testing import CliRunner
+
+    from shardscope.cli import app
+
+    r = CliRunner().invoke(app, ["plan", *args, "--global-batch", "64"])
+    assert r.exit_code == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
+
+
+def test_export_and_stack_name_one_release():
+    """`--stack` with `--export` must name the same framework; a release named by one only is the other's too."""
+    from shardscope.planner.runner import runnable_export
+
+    assert runnable_export("torchtitan", None).label == "torchtitan@0.3"
+    assert runnable_export("torchtitan", "torchtitan").label == "torchtitan@0.3"
+    assert runnable_export("torchtitan", "torchtitan@0.2").label == "torchtitan@0.2"
+    assert runnable_export("megatron@0.14", "megatron").label == "megatron@0.14"
+    with pytest.raises(ShardscopeError, match="different releases"):
+        runnable_export("torchtitan@0.3", "torchtitan@0.2")
+    with pytest.raises(ShardscopeError, match="another framework"):
+        runnable_export("deepspeed", "megatron")

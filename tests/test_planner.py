@@ -17,7 +17,7 @@ from shardscope.hardware.catalog import make_cluster
 from shardscope.models.catalog import load_model
 from shardscope.plan.plan import make_plan
 from shardscope.planner.cost import parse_tokens, training_cost
-from shardscope.planner.export import export, to_megatron
+from shardscope.planner.export import export, runnable_problems, to_megatron
 from shardscope.planner.search import search
 
 runner = CliRunner()
@@ -123,7 +123,13 @@ PLANS = [
 def test_exports_parse_and_match(kw):
     m = load_model("llama3.1-70b")
     plan = make_plan(m, make_cluster("H100", 256), global_batch=256, seq_len=8192, **kw)
-    titan = tomllib.loads(export("torchtitan", m, plan))
+    # each framework exports the plan where it can run it, else refuses it (runnable_problems says why)
+    for fmt in ("torchtitan@0.2", "deepspeed"):
+        if runnable_problems(fmt, m, plan):
+            with pytest.raises(ShardscopeError, match="cannot run this plan"):
+                export(fmt, m, plan)
+    titan_plan = dataclasses.replace(plan, zero=0, fsdp=True, recompute_layers=0)
+    titan = tomllib.loads(export("torchtitan@0.2", m, titan_plan))
     par = titan["parallelism"]
     degrees = (
         par["data_parallel_replicate_degree"]
@@ -146,6 +152,8 @@ def test_exports_parse_and_match(kw):
     assert int(val["--global-batch-size"]) == 256 and int(val["--micro-batch-size"]) == plan.micro_batch
     if plan.recompute == "selective":  # op-level selective has no Megatron module list: the export says so
         assert "--recompute-modules" not in args and "core_attn only" in export("megatron", m, plan)
+    if runnable_problems("deepspeed", m, plan):
+        return
     ds = json.loads(export("deepspeed", m, plan))
     assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * plan.dp
     s = ds["_shardscope"]
@@ -210,7 +218,7 @@ def test_plan_cli_json_and_export(tmp_path):
             "--price-per-gpu-hour",
             "2",
             "--export",
-            "torchtitan",
+            "torchtitan@0.2",
             "-o",
             str(out),
         ],
@@ -424,7 +432,9 @@ def test_low_precision_optimizer_dtypes_in_torchtitan_and_deepspeed_exports():
     cluster = make_cluster("H100", 64)
     base = make_plan(m, cluster, zero=1, global_batch=64, seq_len=4096)
     lean = make_plan(m, cluster, zero=1, global_batch=64, seq_len=4096, optimizer_moments="bf16", main_grads="bf16")
-    titan_base, titan_lean = export("torchtitan", m, base), export("torchtitan", m, lean)
+    fsdp = dict(zero=0, fsdp=True)  # torchtitan shards with FSDP2 only
+    titan_base = export("torchtitan@0.2", m, dataclasses.replace(base, **fsdp))
+    titan_lean = export("torchtitan@0.2", m, dataclasses.replace(lean, **fsdp))
     assert tomllib.loads(titan_base)["training"]["mixed_precision_reduce"] == "float32"
     assert tomllib.loads(titan_lean)["training"]["mixed_precision_reduce"] == "float32"
     assert "reduces gradients in float32" in titan_lean and "reduces gradients" not in titan_base

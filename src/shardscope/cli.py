@@ -213,7 +213,13 @@ def plan(
         float | None,
         typer.Option("--usd-per-gpu-hour", "--price-per-gpu-hour", help="price of one GPU-hour in US dollars"),
     ] = None,
-    export: Annotated[str | None, typer.Option(help="write the best plan as torchtitan | megatron | deepspeed")] = None,
+    export: Annotated[
+        str | None,
+        typer.Option(
+            help="write the best plan that this framework release runs, priced under its stack: "
+            "torchtitan[@0.3|0.2] (default 0.3) | megatron[@0.12..0.16] | deepspeed[@0.14..0.17]"
+        ),
+    ] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="file for --export (default: stdout)")] = None,
     executor: Annotated[str, typer.Option(help="local | ray")] = "local",
     as_json: AsJson = False,

@@ -11,7 +11,7 @@ from shardscope.models.catalog import load_model
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import check_precision
 from shardscope.planner.cost import parse_tokens, training_cost
-from shardscope.planner.export import FORMATS
+from shardscope.planner.export import ExportTarget, export_target, launch_for, search_problems
 from shardscope.planner.export import export as export_plan
 from shardscope.planner.search import Candidate, SearchResult, search
 from shardscope.planner.space import SearchSpace, moe_choices
@@ -132,24 +132,83 @@ def plan_search(
     stack: str | None = None,
     power_limit: float | None = None,
 ) -> PlanOutcome:
-    """Search the plans of `plan`/`--export`: data only, the CLI shows it."""
-    if export is not None and export not in FORMATS:
-        raise ShardscopeError(f"--export must be one of {', '.join(FORMATS)}, got {export!r}")
-    if export is not None and stack is None:
-        stack = export  # the plans are priced as the framework that will run them runs them
+    """Search the plans of `plan`/`--export`: data only, the CLI shows it. With `--export X[@RELEASE]` the plans
+    are priced under X's stack at that release and only those X can run are searched (`runnable_export`)."""
+    target = runnable_export(export, stack) if export is not None else None
+    if target is not None:
+        stack = target.stack.label  # the plans are priced as the framework release that will run them runs them
     spec, cluster, seq_len, space = search_setup(**{k: v for k, v in locals().items() if k in SEARCH_OPTIONS})
     if top <= 0 or global_batch <= 0 or seq_len <= 0:
         raise ShardscopeError("--top, --global-batch and --seq-len must be positive")
     n_tokens = parse_tokens(tokens) if tokens else None
+    if target is not None:
+        space = _exportable_space(target, spec, space, seq_len, global_batch)
     result = search(spec, cluster, global_batch, seq_len, objective, space, workers, executor, progress=progress)
     if not result.candidates:
+        runnable = f" that {target.label} can run" if target else ""
         raise ShardscopeError(
-            f"no plan of {spec.name} fits {gpus}× {cluster.gpu.name} ({cluster.gpu.hbm_gib:g} GiB) at global batch "
-            f"{global_batch} × {seq_len} tokens; try more GPUs or a smaller batch"
+            f"no plan of {spec.name}{runnable} fits {gpus}× {cluster.gpu.name} ({cluster.gpu.hbm_gib:g} GiB) at "
+            f"global batch {global_batch} × {seq_len} tokens; try more GPUs or a smaller batch"
         )
     best = distinct_plans(result.candidates, top)
-    text = export_plan(export, spec, best[0].plan) if export else None
+    text = None
+    if target is not None:
+        launch = launch_for(best[0].plan, cluster.gpus_per_node, n_tokens)
+        text = export_plan(target, spec, best[0].plan, launch)
     return PlanOutcome(spec, cluster, result, best, n_tokens, text)
+
+
+def runnable_export(export: str, stack: str | None) -> ExportTarget:
+    """The framework release of `--export`, whose stack prices the plans. A `--stack` given must name the same
+    framework (another would price what the export does not run); its release is the export's where the
+    export names none, and must be the same where both do."""
+    target = export_target(export)
+    if stack is None:
+        return target
+    from shardscope.stacks import load_stack
+
+    given = load_stack(stack)
+    if given.name != target.framework:
+        raise ShardscopeError(
+            f"--stack {given.label} prices plans as another framework than --export {target.label} runs them: "
+            "leave --stack out, or name the same framework"
+        )
+    if "@" not in stack:
+        return target
+    if "@" not in export:
+        return export_target(f"{target.framework}@{given.release}")
+    if given.release != target.release:
+        raise ShardscopeError(f"--stack {given.label} and --export {target.label} name different releases")
+    return target
+
+
+def _exportable_space(
+    target: ExportTarget, spec: ModelSpec, space: SearchSpace, seq_len: int, global_batch: int
+) -> SearchSpace:
+    """`space` searching only what `target` can run (`SearchSpace.runnable_by`); refused before the search where
+    the settings every plan shares (precision, FP8 recipe, kernels, a fixed dispatcher or EP overlap) are
+    what the framework release cannot run."""
+    from dataclasses import replace
+
+    from shardscope.plan.plan import Plan
+
+    moe = spec.moe is not None
+    shared = {
+        "precision": space.precision,
+        "fp8_recipe": space.fp8_recipe,
+        "cuda_graphs": space.cuda_graphs,
+        "fused_activation": space.fused_activation,
+        "fused_cross_entropy": space.fused_cross_entropy,
+        "ep": 2 if moe else 1,  # a fixed dispatcher or overlap applies where experts are parallel
+        "ep_dispatch": space.ep_dispatches[0] if len(space.ep_dispatches) == 1 else "flat",
+        "ep_comm_overlap": moe and space.ep_overlaps == (True,),
+        "seq_len": seq_len,
+        "global_batch": global_batch,
+    }
+    probe = Plan(**(dict(space.kernels) | shared))
+    if problems := search_problems(target, spec, probe):
+        raise ShardscopeError(f"--export {target.label} cannot run {spec.name} as asked: {problems[0]}")
+    return replace(space, runnable_by=target.label)
 
 
 def distinct_plans(candidates: list[Candidate], top: int) -> list[Candidate]:

@@ -119,14 +119,24 @@ def _fixed_parts(
     return parts
 
 
-def moe_variants(plan: Plan, space: SearchSpace, cluster: Cluster) -> Iterator[Plan]:
+def _runnable(model: ModelSpec, plan: Plan, space: SearchSpace) -> bool:
+    """Whether the framework release the plans are exported to (`SearchSpace.runnable_by`) can run `plan`."""
+    if not space.runnable_by:
+        return True
+    from shardscope.planner.export import runnable_problems
+
+    return not runnable_problems(space.runnable_by, model, plan)
+
+
+def moe_variants(plan: Plan, space: SearchSpace, cluster: Cluster, model: ModelSpec | None = None) -> Iterator[Plan]:
     """`plan` under each token dispatcher and EP overlap setting the space allows (the overlap only where
     Megatron-Core can run it: `ep_overlap_problem`). Left to choose, an EP group wider than DeepEP's
     NVLink peers inside one NVLink domain (GB200 NVL72) tries HybridEP in DeepEP's place: DeepEP runs
     well under it there (`costs.comm.DEEPEP_MNNVL_GBPS`), as NVIDIA's DeepSeek-V3 GB200 guide found. DeepEP
     builds its routing map fused (Megatron's `--enable-experimental`, which the export then sets): unfused
     it synchronises the stream for nothing. Under MXFP8 the experts run Transformer Engine's fused grouped
-    MLP (`Plan.fused_expert_mlp`), which only saves work."""
+    MLP (`Plan.fused_expert_mlp`), which only saves work, where the exported-to framework runs it (with `model`
+    given, variants it cannot run are left out: `SearchSpace.runnable_by`)."""
     if plan.ep == 1:
         yield plan
         return
@@ -138,13 +148,19 @@ def moe_variants(plan: Plan, space: SearchSpace, cluster: Cluster) -> Iterator[P
         for overlap in space.ep_overlaps:
             if overlap and not overlap_ok:
                 continue
-            yield evolve(
+            variant = evolve(
                 plan,
                 ep_dispatch=dispatch,
                 ep_comm_overlap=overlap,
                 deepep_fused_routing_map=True,
                 fused_expert_mlp=plan.precision == "fp8" and plan.fp8_recipe == "mxfp8",
             )
+            if model is not None and not _runnable(model, variant, space):
+                # the fused expert MLP is Transformer Engine's: a framework without it runs the experts unfused
+                variant = evolve(variant, fused_expert_mlp=False)
+                if not _runnable(model, variant, space):
+                    continue
+            yield variant
 
 
 def _stage_time_s(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
@@ -179,7 +195,8 @@ def evaluate_structure(
         for level in levels:
             for off in offload:
                 plan = evolve(base, offload_optimizer=off, **level)
-                if cuda_graph_problem(model, plan) is None and _fits_memory(model, cluster, plan, fixed):
+                runs = cuda_graph_problem(model, plan) is None and _runnable(model, plan, space)
+                if runs and _fits_memory(model, cluster, plan, fixed):
                     yield plan
 
     for plan in fitting({"recompute": p, "recompute_layers": 0} for p, _ in RECOMPUTE_LEVELS if p != "full"):
@@ -222,8 +239,8 @@ def evaluate_structure(
 def _timed(model: ModelSpec, cluster: Cluster, plan: Plan, space: SearchSpace) -> Candidate | None:
     """`plan` under the fastest MoE dispatcher and overlap (they do not change memory), estimated; None
     when no variant can run or the whole estimate does not fit with the search's headroom."""
-    variants = list(moe_variants(plan, space, cluster))
-    if not variants:  # the overlap was asked for and this plan cannot run it
+    variants = list(moe_variants(plan, space, cluster, model))
+    if not variants:  # the overlap was asked for and this plan cannot run it, or the exported-to framework cannot
         return None
     plan = min(variants, key=lambda p: _stage_time_s(model, cluster, p)) if len(variants) > 1 else variants[0]
     est = estimate_step(model, cluster, plan)

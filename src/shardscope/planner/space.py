@@ -64,6 +64,9 @@ class SearchSpace:
     # Megatron-Core's selective recompute by module (`planner.modules`) between op-level selective and
     # full recompute
     recompute_modules: bool = True
+    # `--export X@RELEASE`: the framework release that will run the plan; plans it cannot run (the exporter's
+    # constraints, `planner.export.runnable_problems`) are left out of the search ("" = every plan)
+    runnable_by: str = ""
 
     def __post_init__(self) -> None:
         # "attn,moe_router" as `--cuda-graphs` gives it, or a tuple: checked here, so that a bad scope is

@@ -1,163 +1,119 @@
-"""Write a plan as a launchable config: torchtitan job TOML, Megatron-LM arguments, DeepSpeed JSON.
+"""Megatron-LM export: a launch script running `pretrain_gpt.py` under torchrun with the network's and the
+plan's arguments (the option strings of Megatron-LM's own parser, `megatron/training/arguments.py`), the node
+and GPU counts, the training iterations, and the data path and learning-rate schedule as placeholders.
 
-Field names are the frameworks' own (torchtitan `JobConfig` sections, Megatron-LM `arguments.py`, the
-DeepSpeed config schema). Where a framework cannot express part of a plan (torchtitan has no ZeRO-1,
-DeepSpeed no context parallelism) the export says so in a comment / `_shardscope_notes`.
+What a Megatron-Core release cannot run is refused (`CONSTRAINTS`, each row naming the file of the
+megatron-core release that decides it: a TransformerConfig / DDP-config field it lacks).
 """
 
 from __future__ import annotations
 
-import json
-import shlex
-
-from shardscope.models.catalog import catalog_sources
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.layout import format_pp_layout
-from shardscope.plan.plan import MOMENT_BYTES, Plan
+from shardscope.plan.plan import Plan
+from shardscope.planner.export.common import (
+    EVERY_NODE,
+    FILL_IN,
+    Constraint,
+    ExportTarget,
+    Launch,
+    fill_in,
+    hf_repo,
+    launch_for,
+    release_key,
+    shell_command,
+    torchrun,
+)
 
-FORMATS = ("torchtitan", "megatron", "deepspeed")
+# The Megatron-Core release an export names when none is asked for (the megatron stack's default)
+DEFAULT_RELEASE = "0.16"
+_CORE = "megatron-core {} megatron/core/{}"
+
+# What a Megatron-Core release cannot run: a setting written before the release that introduced it (read from
+# the megatron-core wheels 0.12.3 .. 0.16.1), or not in any release the export is written for.
+CONSTRAINTS: tuple[Constraint, ...] = (
+    Constraint(
+        lambda m, p: p.ep_comm_overlap,
+        "the EP all-to-all overlap: Megatron-Core has it from core 0.14",
+        _CORE.format("0.14", "transformer/transformer_config.py overlap_moe_expert_parallel_comm"),
+        until="0.14",
+        uniform=True,
+    ),
+    Constraint(
+        lambda m, p: m.moe is not None and p.ep > 1 and p.ep_dispatch == "hybridep",
+        "the HybridEP dispatcher: Megatron-Core has it from core 0.16",
+        _CORE.format("0.16", "transformer/transformer_config.py moe_flex_dispatcher_backend"),
+        until="0.16",
+        uniform=True,
+    ),
+    Constraint(
+        lambda m, p: bool(p.cuda_graphs),
+        "CUDA-graph scopes (--cuda-graph-impl): Megatron-Core has them from core 0.15",
+        _CORE.format("0.15", "transformer/transformer_config.py cuda_graph_impl"),
+        until="0.15",
+        uniform=True,
+    ),
+    Constraint(
+        lambda m, p: p.precision == "fp8" and p.fp8_recipe == "blockwise",
+        "blockwise FP8 scaling: Megatron-Core has it from core 0.13",
+        _CORE.format("0.13", "enums.py Fp8Recipe.blockwise"),
+        until="0.13",
+        uniform=True,
+    ),
+    Constraint(
+        lambda m, p: p.fsdp or p.zero == 3,
+        "Megatron FSDP (--use-megatron-fsdp): Megatron-Core has it from core 0.14",
+        _CORE.format("0.14", "distributed/distributed_data_parallel_config.py use_megatron_fsdp"),
+        until="0.14",
+    ),
+    Constraint(
+        lambda m, p: p.zero == 2 and not p.fsdp,
+        "ZeRO-2: Megatron's distributed optimizer shards the optimizer state, not the gradient buffer",
+        _CORE.format("0.16", "distributed/param_and_grad_buffer.py"),
+    ),
+    Constraint(
+        lambda m, p: p.fused_expert_mlp,
+        "the fused grouped expert MLP (--use-transformer-engine-op-fuser): newer than core 0.16",
+        _CORE.format("0.16.1", "transformer/transformer_config.py (no use_transformer_engine_op_fuser)"),
+    ),
+)
 
 
-def _moments_note(plan: Plan, framework: str) -> list[str]:
-    """Adam moments below fp32 are a Megatron-Core option (precision-aware optimizer) that `framework`
-    cannot set from its config: say so rather than export a plan whose state the run would exceed."""
-    if plan.optimizer_moments == "fp32":
-        return []
-    extra = 2 * (MOMENT_BYTES["fp32"] - plan.moment_bytes)  # two moments, m and v
+def megatron_launch_args(launch: Launch) -> list[str]:
+    """What `pretrain_gpt.py` needs to train besides the model and the plan: the iterations (or a placeholder),
+    the learning-rate schedule and the data path as placeholders the launch script fills."""
+    iters = str(launch.steps) if launch.steps is not None else "$TRAIN_ITERS"
     return [
-        f"{plan.optimizer_moments} Adam moments have no {framework} config option: the run keeps fp32 moments "
-        f"(+{extra} B/param of optimizer state over this plan) unless the optimizer is swapped in code"
-    ]
+        "--train-iters", iters,
+        "--lr", "$LR", "--min-lr", "$MIN_LR", "--lr-decay-style", "$LR_DECAY_STYLE",
+        "--lr-warmup-iters", "$LR_WARMUP_ITERS",
+        "--data-path", "$DATA_PATH",
+    ]  # fmt: skip
 
 
-# torchtitan v0.2.2 (the last release configured by TOML): the model directory and ModelArgs flavor
-# of a catalog model, where torchtitan ships one of the same shape (validation/torchtitan_flavors.yaml).
-TORCHTITAN_FLAVORS = {
-    "llama3.1-8b": ("llama3", "8B"),
-    "llama3.1-70b": ("llama3", "70B"),
-    "llama3.1-405b": ("llama3", "405B"),
-    "qwen3-8b": ("qwen3", "8B"),
-    "qwen3-32b": ("qwen3", "32B"),
-    "qwen3-30b-a3b": ("qwen3", "30B-A3B"),
-    "qwen3-235b-a22b": ("qwen3", "235B-A22B"),
-    "deepseek-v2-lite": ("deepseek_v3", "16B"),
-    "deepseek-v3": ("deepseek_v3", "671B"),
-    "gpt-oss-20b": ("gpt_oss", "20b"),
-    "gpt-oss-120b": ("gpt_oss", "120b"),
-    "llama4-scout": ("llama4", "17bx16e_irope"),
-    "llama4-maverick": ("llama4", "17bx128e_irope"),
-}
-
-
-def _titan_quantize(model: ModelSpec, plan: Plan) -> tuple[list[str], list[str], list[str]]:
-    """torchao converters (registered names, torchtitan `components/quantization`) and their sections:
-    per-tensor FP8 or MXFP8 on the linears, and on the experts' grouped GEMMs for MoE."""
-    if plan.precision != "fp8":
-        return [], [], []
-    notes = []
-    if plan.fp8_recipe == "mxfp8":
-        converters = ["quantize.linear.mx"] + (["quantize.grouped_mm.mx"] if model.moe else [])
-        lines = ["[quantize.linear.mx]", 'recipe_name = "mxfp8_cublas"']
-        lines += ["", "[quantize.grouped_mm.mx]", 'fqns = ["experts"]'] if model.moe else []
-        return converters, lines, notes
-    if plan.fp8_recipe in ("delayed", "blockwise"):
-        notes.append(f"torchao has no {plan.fp8_recipe} FP8 recipe in torchtitan: rowwise scaling stands in")
-    recipe = "tensorwise" if plan.fp8_recipe == "tensorwise" else "rowwise"
-    converters = ["quantize.linear.float8"] + (["quantize.grouped_mm.float8"] if model.moe else [])
+def to_megatron_script(model: ModelSpec, plan: Plan, target: ExportTarget, launch: Launch | None = None) -> str:
+    """The launch script: torchrun over the nodes, `pretrain_gpt.py` with the network, the plan and the launch
+    arguments."""
+    launch = launch or launch_for(plan)
+    args, notes = _megatron(model, plan, target.release)
     lines = [
-        "[quantize.linear.float8]",
-        f'recipe_name = "{recipe}"',
-        f"enable_fsdp_float8_all_gather = {'true' if plan.fp8_all_gather and recipe == 'tensorwise' else 'false'}",
-        'filter_fqns = ["output"]',
-    ]
-    lines += ["", "[quantize.grouped_mm.float8]", 'fqns = ["experts"]'] if model.moe else []
-    return converters, lines, notes
-
-
-def to_torchtitan(model: ModelSpec, plan: Plan) -> str:
-    """torchtitan v0.2.2 job TOML. Batches follow its train.py: without PP `local_batch_size` is one
-    forward's batch and gradient accumulation is global / (local x DP); with PP it is the batch one
-    pipeline schedule runs, split into micro-batches of `pipeline_parallel_microbatch_size`."""
-    # world = dp_replicate · dp_shard · cp · tp · pp, FSDP sharding over dp_shard · cp
-    if plan.fsdp or plan.zero >= 1:
-        shard = max(plan.shard_size // plan.cp, 1)
-        replicate = plan.dp // shard
-    else:
-        shard, replicate = 1, plan.dp
-    notes = []
-    if plan.zero in (1, 2) and not plan.fsdp:
-        notes.append(f"ZeRO-{plan.zero} has no torchtitan equivalent: FSDP2 full sharding over the same ranks")
-    notes += _moments_note(plan, "torchtitan")
-    if plan.main_grads == "bf16":
-        notes.append("torchtitan reduces gradients in float32 (`mixed_precision_reduce`); the plan priced bf16")
-    name, flavor = TORCHTITAN_FLAVORS.get(model.name, (model.name, ""))
-    if not flavor:
-        notes.append(f"torchtitan v0.2.2 has no flavor of {model.name}: register its ModelArgs under this name")
-    repo = hf_repo(model)
-    converters, quantize, quantize_notes = _titan_quantize(model, plan)
-    notes += quantize_notes
-    if model.moe and plan.ep_dispatch == "hybridep":
-        notes.append(
-            "torchtitan has no HybridEP backend: DeepEP stands in, slower than the plan priced where its EP "
-            "group holds more than 8 GPUs of one NVLink domain (DeepEP past its NVLink peers)"
-        )
-    if plan.recompute == "selective":
-        notes.append(
-            "torchtitan's selective AC is op-level (its policy keeps some matmul outputs), not the Megatron-style "
-            "selective recompute priced: check its activation memory"
-        )
-    reshard = "never" if (plan.fsdp and not plan.reshard_after_forward) else "default"
-    local_batch = plan.micro_batch * plan.grad_accum if plan.pp > 1 else plan.micro_batch
-    lines = [
-        "# torchtitan (v0.2.2) job config written by shardscope",
+        "#!/usr/bin/env bash",
+        f"# Megatron-LM (core {target.release}) launch written by shardscope: {model.name} on {launch.nodes} x "
+        f"{launch.gpus_per_node} GPUs, from a Megatron-LM checkout",
         *[f"# note: {n}" for n in notes],
-        *([f"# tokenizer: python scripts/download_hf_assets.py --repo_id {repo} --assets tokenizer"] if repo else []),
-        "[job]",
-        'dump_folder = "./outputs"',
-        f'description = "{model.name}: shardscope plan"',
-        "",
-        "[model]",
-        f'name = "{name}"',
-        *([f'flavor = "{flavor}"'] if flavor else []),
-        *([f'hf_assets_path = "./assets/hf/{repo.split("/")[-1]}"'] if repo else []),
-        *([f"converters = {json.dumps(converters)}"] if converters else []),
-        "",
-        "[training]",
-        f"local_batch_size = {local_batch}",
-        f"global_batch_size = {plan.global_batch}",
-        f"seq_len = {plan.seq_len}",
-        'mixed_precision_param = "bfloat16"',
-        'mixed_precision_reduce = "float32"',
-        "",
-        "[parallelism]",
-        f"data_parallel_replicate_degree = {replicate}",
-        f"data_parallel_shard_degree = {shard}",
-        f'fsdp_reshard_after_forward = "{reshard}"',
-        f"tensor_parallel_degree = {plan.tp}",
-        f"enable_async_tensor_parallel = {'true' if plan.tp_comm_overlap and plan.tp > 1 else 'false'}",
-        f"pipeline_parallel_degree = {plan.pp}",
-        f'pipeline_parallel_schedule = "{"Interleaved1F1B" if plan.vpp > 1 else "1F1B"}"',
-        f"pipeline_parallel_microbatch_size = {plan.micro_batch}",
-        *(
-            [f"pipeline_parallel_layers_per_stage = {model.layers // (plan.pp * plan.vpp)}"]
-            if plan.pp > 1 and model.layers % (plan.pp * plan.vpp) == 0
-            else []
-        ),
-        f"context_parallel_degree = {plan.cp}",
-        f"expert_parallel_degree = {plan.ep}",
-        f"expert_tensor_parallel_degree = {plan.etp}",
-        *(
-            [f'expert_parallel_comm_backend = "{"standard" if plan.ep_dispatch == "flat" else "deepep"}"']
-            if model.moe and plan.ep > 1
-            else []
-        ),
-        "",
-        "[activation_checkpoint]",
-        f'mode = "{plan.recompute}"',
-        'selective_ac_option = "op"',
-    ]
-    if quantize:
-        lines += ["", *quantize]
+        *([EVERY_NODE] if launch.nodes > 1 else []),
+        "set -euo pipefail",
+        f"# {FILL_IN}: data path",
+        fill_in("DATA_PATH", "data path (a Megatron indexed dataset prefix)"),
+        f"# {FILL_IN}: lr schedule",
+        fill_in("LR", "lr schedule: peak learning rate"),
+        fill_in("MIN_LR", "lr schedule: final learning rate"),
+        fill_in("LR_DECAY_STYLE", "lr schedule: constant, linear, cosine or WSD"),
+        fill_in("LR_WARMUP_ITERS", "lr schedule: warmup iterations"),
+        *([fill_in("TRAIN_ITERS", "training iterations (shardscope plan --tokens computes them)")]
+          if launch.steps is None else []),
+        shell_command(torchrun(launch), ["pretrain_gpt.py"], args, megatron_launch_args(launch)),
+    ]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -176,12 +132,6 @@ def layer_pattern(flags: list[int]) -> str:
         if len(flags) % period == 0 and flags == flags[:period] * (len(flags) // period):
             return f"([{','.join(map(str, flags[:period]))}]*{len(flags) // period})"
     return f"[{','.join(map(str, flags))}]"
-
-
-def hf_repo(model: ModelSpec) -> str | None:
-    """The Hugging Face repository of a catalog model (its tokenizer), if it has one."""
-    repo = catalog_sources().get(model.name, {}).get("hf_repo")
-    return repo if repo and repo != "None" else None
 
 
 def _megatron_router(model: ModelSpec) -> tuple[list[str], list[str]]:
@@ -312,13 +262,14 @@ def megatron_model_args(model: ModelSpec, plan: Plan) -> tuple[list[str], list[s
     return args, notes
 
 
-def to_megatron(model: ModelSpec, plan: Plan) -> list[str]:
-    """Megatron-LM (pretrain_gpt.py) command-line arguments."""
-    return _megatron(model, plan)[0]
+def to_megatron(model: ModelSpec, plan: Plan, release: str = DEFAULT_RELEASE) -> list[str]:
+    """Megatron-LM (pretrain_gpt.py) command-line arguments of the network and the plan."""
+    return _megatron(model, plan, release)[0]
 
 
-def _megatron(model: ModelSpec, plan: Plan) -> tuple[list[str], list[str]]:
-    """The network's arguments, then the plan's; and the notes on what they cannot express."""
+def _megatron(model: ModelSpec, plan: Plan, release: str = DEFAULT_RELEASE) -> tuple[list[str], list[str]]:
+    """The network's arguments, then the plan's, as Megatron-Core `release` spells them; and the notes on what
+    they cannot express."""
     args, notes = megatron_model_args(model, plan)
     args += [
         "--seq-length",
@@ -343,7 +294,7 @@ def _megatron(model: ModelSpec, plan: Plan) -> tuple[list[str], list[str]]:
         args += ["--mtp-num-layers", str(mtp_layers)]
     if plan.cp > 1:
         args += ["--cp-comm-type", "p2p" if plan.cp_kind == "ring" else "a2a"]
-    if plan.ep > 1 or plan.etp > 1:
+    if plan.ep > 1 or plan.etp > 1 or (model.moe is not None and plan.tp > 1):  # unset, Megatron's ETP is the TP
         args += ["--expert-model-parallel-size", str(plan.ep), "--expert-tensor-parallel-size", str(plan.etp)]
     if model.moe is not None and plan.capacity_factor > 0:  # token dropping, padded to capacity as priced
         args += ["--moe-expert-capacity-factor", f"{plan.capacity_factor:g}"]
@@ -351,7 +302,10 @@ def _megatron(model: ModelSpec, plan: Plan) -> tuple[list[str], list[str]]:
     if model.moe is not None:  # the dispatcher the estimate priced
         flex = plan.ep_dispatch != "flat"
         args += ["--moe-token-dispatcher-type", "flex" if flex else "alltoall"]
-        args += ["--moe-flex-dispatcher-backend", plan.ep_dispatch] if flex else []
+        if flex and release_key(release) < release_key("0.16"):  # before core 0.16 the flex backend was DeepEP
+            args.append("--moe-enable-deepep")
+        elif flex:
+            args += ["--moe-flex-dispatcher-backend", plan.ep_dispatch]
         args += ["--moe-router-padding-for-quantization"] if plan.moe_router_padding else []
         args += ["--enable-experimental"] if plan.ep_dispatch == "deepep" and plan.deepep_fused_routing_map else []
         if plan.fused_expert_mlp:
@@ -367,6 +321,8 @@ def _megatron(model: ModelSpec, plan: Plan) -> tuple[list[str], list[str]]:
         ]
     elif plan.zero >= 1:
         args.append("--use-distributed-optimizer")
+    if plan.shard_group and plan.shard_size < plan.dp * plan.cp:  # HSDP: state sharded in groups, replicated across
+        args += ["--num-distributed-optimizer-instances", str(plan.dp * plan.cp // plan.shard_size)]
     args += ["--overlap-grad-reduce"] if plan.overlap_grad_reduce else []
     if plan.zero >= 1 and not plan.fsdp:
         args.append("--overlap-param-gather")
@@ -388,7 +344,7 @@ def _megatron(model: ModelSpec, plan: Plan) -> tuple[list[str], list[str]]:
                 "the plan priced op-level selective recompute (norms, activations, RoPE); by default Megatron-LM "
                 "recomputes core_attn only: choose the modules with: shardscope budget --knob modules"
             )
-    args.append("--bf16")
+    args.append("--fp16" if plan.precision == "fp16" else "--bf16")
     if plan.precision == "fp8":
         args += ["--fp8-format", "hybrid", "--fp8-recipe", plan.fp8_recipe]
         if plan.fp8_params:  # FP8 parameters, all-gathered in FP8
@@ -412,71 +368,3 @@ def _megatron(model: ModelSpec, plan: Plan) -> tuple[list[str], list[str]]:
     elif plan.cuda_graphs:
         args += ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-modules", *plan.cuda_graphs]
     return args, notes
-
-
-def to_deepspeed(model: ModelSpec, plan: Plan) -> str:
-    stage = 3 if (plan.fsdp and plan.reshard_after_forward) or plan.zero == 3 else (2 if plan.fsdp else plan.zero)
-    zero: dict = {"stage": stage, "overlap_comm": plan.overlap_grad_reduce, "contiguous_gradients": True}
-    if plan.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if stage == 3 and plan.shard_group:
-        zero["zero_hpz_partition_size"] = plan.shard_group
-    notes = []
-    if plan.cp > 1:
-        notes.append(
-            f"context parallel {plan.cp} ({plan.cp_kind}): DeepSpeed-Ulysses sequence parallelism "
-            "is set up in code (sequence_parallel_size)"
-        )
-    if plan.pp > 1:
-        notes.append(f"pipeline parallel {plan.pp}: DeepSpeed PipelineModule(num_stages={plan.pp}) in code")
-    if model.moe and plan.ep > 1:
-        notes.append(f"expert parallel {plan.ep}: deepspeed.moe.layer.MoE(ep_size={plan.ep}) layers in code")
-    notes += _moments_note(plan, "DeepSpeed")
-    cfg = {
-        "train_batch_size": plan.global_batch,
-        "train_micro_batch_size_per_gpu": plan.micro_batch,
-        "gradient_accumulation_steps": plan.grad_accum,
-        "gradient_clipping": 1.0,
-        "bf16": {"enabled": True},
-        "data_types": {"grad_accum_dtype": plan.main_grads},
-        "zero_optimization": zero,
-        "tensor_parallel": {"autotp_size": plan.tp},
-        "activation_checkpointing": {
-            "partition_activations": plan.recompute != "none" and plan.tp > 1,
-            "contiguous_memory_optimization": False,
-            "number_checkpoints": plan.recompute_layers or None,
-        },
-        "_shardscope": {
-            "model": model.name,
-            "tp": plan.tp,
-            "pp": plan.pp,
-            "cp": plan.cp,
-            "dp": plan.dp,
-            "ep": plan.ep,
-            "recompute": plan.recompute,
-            "notes": notes,
-        },
-    }
-    return json.dumps(cfg, indent=2) + "\n"
-
-
-def export(fmt: str, model: ModelSpec, plan: Plan) -> str:
-    if fmt == "torchtitan":
-        return to_torchtitan(model, plan)
-    if fmt == "megatron":
-        args, notes = _megatron(model, plan)
-        command = " \\\n  ".join(["torchrun pretrain_gpt.py", *_pairs([shlex.quote(a) for a in args])])
-        return "".join(f"# note: {n}\n" for n in notes) + command + "\n"
-    if fmt == "deepspeed":
-        return to_deepspeed(model, plan)
-    raise ValueError(fmt)
-
-
-def _pairs(args: list[str]) -> list[str]:
-    out: list[str] = []
-    for a in args:
-        if a.startswith("--") or not out:
-            out.append(a)
-        else:
-            out[-1] += f" {a}"
-    return out
