@@ -5,9 +5,12 @@ same configurations, in the same run.
 
 Each configuration is a distinct (TP, PP, micro-batch, global batch, sequence length, recompute) plan of
 Llama-2-70B on H100s (the model both tools know by name); every one is a fresh question, so no tool can
-answer from a cache of a previous one. llm-analysis runs in `--peer-python` (an interpreter where
-`pip install llm-analysis==0.2.2` was run; it imports transformers), each tool timed in its own process
-over the same list. Prints both rates and their ratio.
+answer from a cache of a previous one; each keeps what it derives along the way, as in any run of many
+estimates (shardscope builds one op graph per TP, micro-batch and sequence length, and plans share the costs
+that do not depend on where they differ: a pipeline's across global batches, the model state's across
+recompute policies). llm-analysis runs in `--peer-python` (an interpreter where `pip install
+llm-analysis==0.2.2` was run; it imports transformers), each tool timed in its own process over the same
+list. Prints both rates and their ratio.
 """
 
 from __future__ import annotations

@@ -73,13 +73,13 @@ def estimate(
         if problem := ep_overlap_problem(evolve(p, pp=1)):  # EP, no full recompute
             raise ShardscopeError(problem)
     if not (simulate or schedule or straggler_fraction):
-        est = estimate_step(spec, cluster, p)
+        est = estimate_step(spec, cluster, p, resolved.label, resolved.warnings)
         if trace is not None:  # the estimate laid out in time, not another engine's numbers
             from shardscope.report.closed_form import closed_form_timeline
             from shardscope.report.trace import write_trace
 
             write_trace(closed_form_timeline(spec, cluster, p, est), Path(trace))
-        return _with_stack(est, resolved)
+        return est
     from shardscope.errors import ShardscopeError
     from shardscope.sim import SCHEDULES, simulate_step
 

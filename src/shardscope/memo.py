@@ -22,3 +22,26 @@ class Memoised:
         if hit is None:
             hit = self.memo[key] = compute()
         return hit
+
+
+class MemoTable:
+    """Memos for objects that cannot keep their own (slotted records defined elsewhere, such as the op graph),
+    or for a combination of objects (a graph on a cluster): one dict per object or combination, found by
+    identity, without hashing the objects. Each entry holds its objects, so no other object can take one of
+    their ids while the entry lives; past `limit` entries the table starts afresh (as the graph cache does)."""
+
+    __slots__ = ("_entries", "_limit")
+
+    def __init__(self, limit: int) -> None:
+        self._entries: dict[int | tuple[int, ...], tuple[tuple[object, ...], dict]] = {}
+        self._limit = limit
+
+    def of(self, *objs: object) -> dict:
+        """The memo dict of `objs` together (empty at first)."""
+        key = tuple(map(id, objs)) if len(objs) > 1 else id(objs[0])
+        entry = self._entries.get(key)
+        if entry is None:
+            if len(self._entries) >= self._limit:
+                self._entries.clear()
+            entry = self._entries[key] = (objs, {})
+        return entry[1]

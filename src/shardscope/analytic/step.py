@@ -13,35 +13,32 @@ from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan
 from shardscope.result import Estimate, TimeBreakdown
 from shardscope.step.core import (
-    dp_comm,
     host_gib_per_node,
     make_estimate,
     memory_breakdown,
-    optimizer_time_s,
-    rank_memory,
-    stage_cost,
+    pipeline_costs,
+    ranks_memory,
     step_costs,
 )
 
 
-def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
-    """The analytic fast path: closed-form pipeline time over the same op-graph costs as the simulator."""
+def estimate_step(
+    model: ModelSpec, cluster: Cluster, plan: Plan, stack: str = "", stack_warnings: tuple[str, ...] = ()
+) -> Estimate:
+    """The analytic fast path: closed-form pipeline time over the same op-graph costs as the simulator.
+    `stack` labels the result with the software stack the plan came from, whose `stack_warnings` follow
+    the estimate's own."""
     sc = step_costs(model, cluster, plan)
     m = plan.grad_accum
-    stages = [stage_cost(sc, model, plan, r) for r in range(plan.pp)]
-    slowest = max(range(plan.pp), key=lambda r: stages[r].compute + stages[r].exposed)
-    s = stages[slowest]
-    typical = sorted(st.compute + st.exposed for st in stages)[plan.pp // 2]
-    bubble = (plan.pp - 1) / plan.vpp * typical if plan.pp > 1 else 0.0
-    dp = dp_comm(sc, model, cluster, plan, slowest, s)
+    pipe = pipeline_costs(sc, model, cluster, plan)
+    slowest, dp, optimizer_s = pipe.slowest, pipe.dp, pipe.optimizer_s
+    s = pipe.stages[slowest]
+    bubble = (plan.pp - 1) / plan.vpp * pipe.typical if plan.pp > 1 else 0.0
     compute_mb = s.compute + max(dp.total_s - dp.exposed_s, 0.0) * sc.slowdown / max(m, 1)
-    optimizer_s = optimizer_time_s(model, cluster, plan, slowest)
     compute_s = m * compute_mb
     exposed_s = m * s.exposed + dp.exposed_s
     step = compute_s + exposed_s + bubble + optimizer_s
-    mems = [
-        rank_memory(model, plan, sc.graph, cluster.gpu.arch, r) for r in sorted({0, plan.pp - 1, slowest, plan.pp // 2})
-    ]
+    mems = ranks_memory(model, plan, sc.graph, cluster.gpu.arch, sorted({0, plan.pp - 1, slowest, plan.pp // 2}))
     worst = max(mems, key=lambda x: x.allocated + x.overhead)
     time = TimeBreakdown(
         compute_s=compute_s,
@@ -58,4 +55,5 @@ def estimate_step(model: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
         },
     )
     host = host_gib_per_node(model, cluster, plan, worst.rank, worst.activations)
-    return make_estimate(model, cluster, plan, sc, step, time, memory_breakdown(worst, cluster.gpu.hbm_gib, host))
+    memory = memory_breakdown(worst, cluster.gpu.hbm_gib, host)
+    return make_estimate(model, cluster, plan, sc, step, time, memory, stack_warnings, stack)

@@ -174,7 +174,7 @@ def op_host_s(op: Op, backward: bool, plan: Plan) -> float:
 def moe_graphed(plan: Plan) -> bool:
     """Whether a CUDA graph captures the whole MoE layer (`moe` or `full_iteration`); otherwise its
     experts run eagerly, whatever else is graphed."""
-    return bool({"moe", "full_iteration"} & set(plan.cuda_graphs))
+    return "moe" in plan.cuda_graphs or "full_iteration" in plan.cuda_graphs
 
 
 def syncs(plan: Plan) -> bool:

@@ -21,13 +21,22 @@ times the saved bytes of their layers under the recompute policy, plus one layer
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from shardscope.graph.build import BF16, FP32, StageGraph
 from shardscope.graph.fp8 import weight_copy_bytes_per_param
+from shardscope.memo import MemoTable
 from shardscope.models.spec import LayerKind, ModelSpec
 from shardscope.plan.plan import Plan
 
 GIB = 2**30
+# Values derived from one op graph (or a graph on a cluster), keyed by the plan fields outside the graph
+# that they read: the graph is built for one model and fixes every plan field it reads. Up to 256 graphs
+# are kept (then the table starts afresh): enough for a search's neighbouring structures, and it bounds
+# the memory a search adds.
+GRAPH_MEMO = MemoTable(limit=256)
+# ... and from one cluster (the same object across the estimates of a process: `make_cluster` keeps them)
+CLUSTER_MEMO = MemoTable(limit=1024)
 # Outside torch's allocated count: CUDA context + cuBLAS workspaces (~0.6 GiB on Hopper, nvidia-smi of
 # an idle PyTorch process) and NCCL channel buffers (~0.4 GiB for a few communicators).
 CONTEXT_BYTES = 1.0 * GIB
@@ -82,8 +91,12 @@ def expert_params_local(model: ModelSpec, kind: LayerKind, ep: int, etp: int) ->
 
 def rank_params_local(model: ModelSpec, plan: Plan, rank: int) -> tuple[float, float]:
     """(dense, expert) parameters on one GPU of pipeline rank `rank` (TP/EP-split, before ZeRO/FSDP)."""
-    key = ("rank_params", plan.tp, plan.ep, plan.etp, plan.pp, plan.vpp, plan.pp_layout, plan.mtp, plan.mtp_chunk, rank)
+    key = ("rank_params", rank, rank_params_fields(plan))
     return model.memoised(key, lambda: _rank_params_local(model, plan, rank))
+
+
+# The plan fields `_rank_params_local` reads (and `_rank_layer_params`)
+rank_params_fields = attrgetter("tp", "ep", "etp", "pp", "vpp", "pp_layout", "mtp", "mtp_chunk")
 
 
 def _rank_params_local(model: ModelSpec, plan: Plan, rank: int) -> tuple[float, float]:
@@ -209,8 +222,45 @@ def layers_saved_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, layers: 
 
 
 def activation_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int) -> tuple[float, float, int]:
-    """(saved activations at the peak, backward working set, in-flight chunks) on pipeline rank `stage`."""
+    """(saved activations at the peak, backward working set, in-flight chunks) on pipeline rank `stage`.
+    What the rank saves per micro-batch (`_saved_parts`) is memoised per graph on the plan fields it reads
+    (`_saved_fields`), so plans that differ only in data parallelism, sharding or global batch share it;
+    the micro-batches in flight are counted each time."""
+    key = ("saved", stage, _saved_fields(plan))
+    memo = GRAPH_MEMO.of(graph)
+    parts = memo.get(key)
+    if parts is None:
+        parts = memo[key] = _saved_parts(model, plan, graph, stage)
+    return _activation_bytes(plan, stage, parts)
+
+
+def _activation_bytes(plan: Plan, stage: int, parts: tuple) -> tuple[float, float, int]:
+    """`activation_bytes` from what the rank saves per micro-batch (`_saved_parts`)."""
+    chunk_layers, per_layer_mean, embedding, head, mtp, workspace = parts
     chunks = inflight_chunks(plan, stage)
+    saved = chunks * chunk_layers * per_layer_mean * (1 - plan.offload_activations)
+    if embedding is not None:
+        saved += embedding * chunks
+    if head is not None:
+        saved += head
+    if mtp is not None:
+        chunk = plan.mtp_chunk_index
+        alive = 1 if chunk == plan.pp * plan.vpp - 1 else chunk_inflight(plan, stage, chunk // plan.pp)
+        saved += alive * mtp
+    return saved, workspace, chunks
+
+
+# The plan fields `_saved_parts` reads (the op graph, built for one model, fixes the rest of what it reads)
+_saved_fields = attrgetter("pp", "vpp", "pp_layout", "recompute", "recompute_layers", "recompute_modules", "mtp",
+                           "mtp_chunk", "tp")  # fmt: skip
+
+
+def _saved_parts(
+    model: ModelSpec, plan: Plan, graph: StageGraph, stage: int
+) -> tuple[float, float, float | None, float | None, float | None, float]:
+    """What `stage` saves per micro-batch: (layers per chunk, mean saved bytes per layer, saved bytes of the
+    embedding, of the head and the MTP output layers, of the MTP modules (None where the rank holds none),
+    backward working set)."""
     layers = plan.rank_layers(model.layers)[stage]
     if not layers:
         per_layer_mean, worst_ws = 0.0, 0.0
@@ -225,29 +275,35 @@ def activation_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int
             kept = g.saved_bytes(plan.recompute, plan.recompute_modules)
             worst_ws = max(worst_ws, g.saved_bytes("none") - kept if plan.recompute != "none" else 0.0)
     chunk_layers = len(layers) / plan.vpp
-    saved = chunks * chunk_layers * per_layer_mean * (1 - plan.offload_activations)
-    if stage == 0:
-        saved += graph.embedding.saved_bytes(plan.recompute) * chunks
-    if stage == plan.pp - 1:  # the last stage runs each micro-batch's backward at once
-        saved += (1 + mtp_heads(model, plan)) * graph.head.saved_bytes(plan.recompute)
-    if stage == plan.mtp_rank:
-        chunk = plan.mtp_chunk_index
-        alive = 1 if chunk == plan.pp * plan.vpp - 1 else chunk_inflight(plan, stage, chunk // plan.pp)
-        saved += alive * mtp_saved_bytes(model, plan, graph)
+    embedding = graph.embedding.saved_bytes(plan.recompute) if stage == 0 else None
+    # the last stage runs each micro-batch's backward at once
+    head = (1 + mtp_heads(model, plan)) * graph.head.saved_bytes(plan.recompute) if stage == plan.pp - 1 else None
+    mtp = mtp_saved_bytes(model, plan, graph) if stage == plan.mtp_rank else None
     ffn = max(model.ffn_hidden, model.moe.expert_ffn * model.moe.top_k if model.moe else 0)
     grad_ws = BF16 * graph.tokens * (2 * ffn / plan.tp + model.hidden)
-    return saved, worst_ws + grad_ws, chunks
+    return chunk_layers, per_layer_mean, embedding, head, mtp, worst_ws + grad_ws
+
+
+def _rank_layer_params(model: ModelSpec, plan: Plan, stage: int) -> tuple[float, float]:
+    """(parameters of the largest layer, of all the layers and MTP modules) on one GPU of pipeline rank
+    `stage`, memoised on the model by the plan fields they read (as `rank_params_local`)."""
+
+    def params() -> tuple[float, float]:
+        counts = model.kind_counts(plan.rank_layers(model.layers)[stage])
+        per_kind = {k: layer_params_local(model, plan.tp, k, plan.ep, plan.etp) for k in counts}
+        biggest = max(per_kind.values(), default=0.0)
+        gathered = sum(n * per_kind[k] for k, n in counts.items())
+        if stage == plan.mtp_rank:
+            gathered += sum(mtp_params_local(model, plan)) if plan.mtp else 0.0
+        return biggest, gathered
+
+    return model.memoised(("rank_layer_params", stage, rank_params_fields(plan)), params)
 
 
 def buffer_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int, arch: str = "hopper") -> float:
     """Transient buffers alive at the peak besides activations (and the step-long FP8 weight copies)."""
     buf = 0.0
-    counts = model.kind_counts(plan.rank_layers(model.layers)[stage])
-    per_kind = {k: layer_params_local(model, plan.tp, k, plan.ep, plan.etp) for k in counts}
-    biggest = max(per_kind.values(), default=0.0)
-    gathered = sum(n * per_kind[k] for k, n in counts.items())
-    if stage == plan.mtp_rank:
-        gathered += sum(mtp_params_local(model, plan)) if plan.mtp else 0.0
+    biggest, gathered = _rank_layer_params(model, plan, stage)
     copy = weight_copy_bytes_per_param(plan, arch) if plan.precision == "fp8" else 0.0
     sharded = (plan.fsdp or plan.zero == 3) and plan.shard_size > 1
     if sharded:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, fields, replace
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -148,7 +148,15 @@ def make_cluster(
     power_limit_w: float | None = None,
 ) -> Cluster:
     """A homogeneous cluster of `gpus` GPUs, with the GPU's default node and network unless overridden;
-    `power_limit_w` caps each GPU's board power (`power_capped`)."""
+    `power_limit_w` caps each GPU's board power (`power_capped`). Clusters are immutable, so one made of
+    the same arguments is shared (each estimate makes one; the catalog is read once per process)."""
+    return _make_cluster(gpu, gpus, gpus_per_node, scaleout_gbps, power_limit_w)
+
+
+@lru_cache(maxsize=1024, typed=True)  # typed: gpus=8.0 is not gpus=8
+def _make_cluster(
+    gpu: GPU | str, gpus: int, gpus_per_node: int | None, scaleout_gbps: float | None, power_limit_w: float | None
+) -> Cluster:
     if isinstance(gpu, str):
         gpu = load_gpu(gpu)
     if power_limit_w is not None:

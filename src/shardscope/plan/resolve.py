@@ -11,6 +11,7 @@ from typing import Any
 
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
+from shardscope.memo import MemoTable
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan, cuda_graph_problem, ep_overlap_problem, make_plan, plan_field_names
 from shardscope.records import evolve
@@ -23,16 +24,13 @@ def stack_plan(model: ModelSpec, cluster: Cluster, stack: Stack | str | None = N
     stated = {k: v for k, v in explicit.items() if v is not None}
     if stated.pop("async_tp", False):  # torchtitan's async TP: the TP collectives overlap the GEMMs
         stated["tp_comm_overlap"] = True
-    defaults = st.plan_defaults()
-    unknown = sorted(set(defaults) - plan_field_names())
-    if unknown:
-        raise ShardscopeError(f"stack {st.label} sets {', '.join(unknown)}, which no plan has")
+    plain, conditional = _stack_defaults(st)
+    defaults = dict(plain)
     if not model.mtp_layers:
         defaults.pop("mtp", None)  # a stack that trains MTP modules trains none of a model without them
     if not (stated.get("shard_group") or any(k in stated for k in ("zero", "fsdp"))):
         defaults |= st.sharding_kwargs(stated.pop("sharding", ""))
     stated.pop("sharding", None)
-    conditional = {k: defaults.pop(k) for k in ("ep_comm_overlap", "cuda_graphs") if k in defaults}
     plan = make_plan(model, cluster, **(defaults | stated))
     # the stack's conditional settings, where the plan allows them and the user did not set them
     for key, value in conditional.items():
@@ -43,3 +41,22 @@ def stack_plan(model: ModelSpec, cluster: Cluster, stack: Stack | str | None = N
         if problem is None:
             plan = candidate
     return plan
+
+
+# Settings a framework applies only where the plan allows them (see `stack_plan`)
+CONDITIONAL = ("ep_comm_overlap", "cuda_graphs")
+_STACK_MEMO = MemoTable(limit=64)
+
+
+def _stack_defaults(st: Stack) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The plan fields `st` sets, checked against the Plan: (those set outright, the `CONDITIONAL` ones).
+    Kept per stack (`load_stack` hands out one object per release): neither is to be changed."""
+    memo = _STACK_MEMO.of(st)
+    if "defaults" not in memo:
+        defaults = st.plan_defaults()
+        unknown = sorted(set(defaults) - plan_field_names())
+        if unknown:
+            raise ShardscopeError(f"stack {st.label} sets {', '.join(unknown)}, which no plan has")
+        conditional = {k: defaults.pop(k) for k in CONDITIONAL if k in defaults}
+        memo["defaults"] = defaults, conditional
+    return memo["defaults"]

@@ -8,17 +8,20 @@ time over per-rank streams.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 
 from shardscope.costs.comm import GroupPlacement, collective_time_s, place_group
 from shardscope.costs.compute import group_times_s, memory_time_s
 from shardscope.costs.efficiency import EP_OVERLAP_FRACTION, overlap_slowdown
 from shardscope.costs.host import host_stall_s, moe_graphed
 from shardscope.costs.memory import (
+    CLUSTER_MEMO,
     CONTEXT_BYTES,
     FRAGMENTATION,
     GIB,
+    GRAPH_MEMO,
     StateBytes,
     activation_bytes,
     buffer_bytes,
@@ -26,6 +29,7 @@ from shardscope.costs.memory import (
     expert_params_local,
     layers_saved_bytes,
     mtp_heads,
+    rank_params_fields,
     rank_params_local,
     rank_state_bytes,
 )
@@ -34,11 +38,22 @@ from shardscope.graph.build import BF16, FP32, OpGroup, StageGraph, build_stage_
 from shardscope.graph.ops import Collective
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import LayerKind, ModelSpec
-from shardscope.plan.plan import Plan, section_values
+from shardscope.plan.plan import SECTIONS, Plan, section_fields, section_values
 from shardscope.result import Estimate, MemoryBreakdown, ParamCounts, TimeBreakdown
 from shardscope.step.caveats import GRAPH_MEMORY_WARNING, eager_moe_warning
 
 GRAD_REDUCE_BYTES = FP32  # gradients are reduced in fp32 (Megatron bf16 default, FSDP reduce_dtype fp32)
+# The plan's fields in declaration order, read in one call (the result's `plan` record, once built from
+# `fields()` on every estimate)
+PLAN_FIELDS = tuple(f.name for f in fields(Plan))
+_plan_values = attrgetter(*PLAN_FIELDS)
+# Every plan field but the global batch, which `pipeline_costs` reads only through `_unpaired_key`
+_BUT_GLOBAL_BATCH = attrgetter(*(name for name in PLAN_FIELDS if name != "global_batch"))
+# The fields of every plan section but recompute and batch, which a rank's model state and buffers do not
+# read (`ranks_memory`): a memo key that cannot forget a field of the others
+_BUT_RECOMPUTE_AND_BATCH = attrgetter(
+    *(name for section in SECTIONS if section not in ("recompute", "batch") for name in section_fields(section))
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,18 +72,28 @@ class Groups:
 def place_groups(cluster: Cluster, plan: Plan) -> Groups:
     """Megatron rank order tp-cp-dp-pp (experts: etp-ep-edp): each group's stride is the product of the
     inner sizes."""
-    shard = plan.shard_size
-    inner = plan.tp
+    degrees = (plan.tp, plan.cp, plan.dp, plan.pp, plan.shard_size, plan.ep, plan.etp, plan.expert_dp)
+    memo = CLUSTER_MEMO.of(cluster)  # plans that differ elsewhere share the placement
+    groups = memo.get(degrees)
+    if groups is None:
+        groups = memo[degrees] = _place_groups(cluster, *degrees)
+    return groups
+
+
+def _place_groups(
+    cluster: Cluster, tp: int, cp: int, dp: int, pp: int, shard: int, ep: int, etp: int, expert_dp: int
+) -> Groups:
+    inner = tp
     return Groups(
-        tp=place_group(cluster, plan.tp, 1),
-        cp=place_group(cluster, plan.cp, inner),
-        dp=place_group(cluster, plan.dp * plan.cp, inner),
-        pp=place_group(cluster, plan.pp, plan.tp * plan.cp * plan.dp),
+        tp=place_group(cluster, tp, 1),
+        cp=place_group(cluster, cp, inner),
+        dp=place_group(cluster, dp * cp, inner),
+        pp=place_group(cluster, pp, tp * cp * dp),
         shard=place_group(cluster, shard, inner),
-        replicate=place_group(cluster, plan.dp * plan.cp // shard, inner * shard),
-        ep=place_group(cluster, plan.ep, plan.etp),
-        etp=place_group(cluster, plan.etp, 1),
-        edp=place_group(cluster, plan.expert_dp, plan.ep * plan.etp),
+        replicate=place_group(cluster, dp * cp // shard, inner * shard),
+        ep=place_group(cluster, ep, etp),
+        etp=place_group(cluster, etp, 1),
+        edp=place_group(cluster, expert_dp, ep * etp),
     )
 
 
@@ -187,22 +212,44 @@ def regathers_per_micro_batch(plan: Plan) -> bool:
     return (plan.fsdp or plan.zero == 3) and plan.reshard_after_forward
 
 
+def _layer_costs(
+    cluster: Cluster, plan: Plan, groups: Groups, model: ModelSpec, graph: StageGraph, gather_bytes: float
+) -> dict[LayerKind, LayerCost]:
+    """Per micro-batch cost of each layer kind of `graph`, memoised per graph on the cluster and the plan
+    fields outside the op graph that they read: the recompute policy (`_LAYER_RECOMPUTE`), and (when it
+    `regathers_per_micro_batch`) the sharded-data-parallel groups it gathers over (`_regather_key`). Their
+    forward and backward costs depend on neither (as `_phase_cost`'s) and are kept on each unit alone, so
+    plans that differ only in data parallelism, sharding or recompute share them."""
+    key = ("layers", _LAYER_RECOMPUTE(plan), _regather_key(plan, gather_bytes))
+    memo = GRAPH_MEMO.of(graph, cluster)
+    costs = memo.get(key)
+    if costs is None:
+        costs = memo[key] = {
+            kind: _layer_cost(cluster, plan, groups, model, kind, unit, gather_bytes)
+            for kind, unit in graph.layers.items()
+        }
+    return costs
+
+
+# The recompute fields `_layer_cost_of` reads (not the count of fully recomputed layers nor activation
+# offload, which only `stage_cost` and memory read: the search's full-recompute levels share layer costs)
+_LAYER_RECOMPUTE = attrgetter("recompute", "recompute_modules", "recompute_alternate_mm")
+
+
+def _regather_key(plan: Plan, gather_bytes: float) -> tuple | None:
+    """What `_layer_cost_of` reads of the sharded data parallelism where each micro-batch regathers the
+    weights (`regathers_per_micro_batch`), else None (it reads none of it)."""
+    if not regathers_per_micro_batch(plan):
+        return None
+    return plan.shard_size, plan.expert_dp, plan.fsdp_prefetch, gather_bytes
+
+
 def _layer_cost(
     cluster: Cluster, plan: Plan, groups: Groups, model: ModelSpec, kind: LayerKind, unit: OpGroup, gather_bytes: float
 ) -> LayerCost:
-    """Memoised on the unit and the plan fields outside the op graph that it reads: the recompute section, and (when it
-    `regathers_per_micro_batch`, `_layer_cost_of`) the sharded-data-parallel groups it gathers over. Its
-    forward and backward costs depend on neither (as `_phase_cost`'s) and are kept on the unit alone, so
-    plans that differ only in data parallelism, sharding or recompute share them."""
-    regathers = regathers_per_micro_batch(plan)
-    sharding = (plan.shard_size, plan.expert_dp, plan.fsdp_prefetch, gather_bytes) if regathers else None
-    key = ("layer", cluster, section_values(plan, "recompute"), sharding)
-
-    def cost() -> LayerCost:
-        phases = unit.memoised(("phases", cluster), lambda: _phase_costs(cluster, plan, groups, unit))
-        return _layer_cost_of(cluster, plan, groups, model, kind, unit, gather_bytes, phases)
-
-    return unit.memoised(key, cost)
+    """One layer kind's cost (`_layer_costs`), over its forward and backward costs kept on its unit."""
+    phases = unit.memoised(("phases", cluster), lambda: _phase_costs(cluster, plan, groups, unit))
+    return _layer_cost_of(cluster, plan, groups, model, kind, unit, gather_bytes, phases)
 
 
 def _phase_costs(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup) -> tuple[PhaseCost, PhaseCost]:
@@ -350,16 +397,26 @@ def step_costs(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepCosts:
     # `reuse_grad_buf_for_mxfp8_param_ag`, set by Megatron-Bridge's `bf16_with_mxfp8_mixed`).
     bf16_gather = plan.fp8_recipe == "mxfp8" and not (plan.fsdp or plan.zero >= 3)
     gather_bytes = 1 if plan.fp8_params and not bf16_gather else BF16
+    # the embedding's, the head's and an MTP module's own costs, kept per graph and cluster (`_phase_cost`)
+    memo = GRAPH_MEMO.of(graph, cluster)
+    ends = memo.get("ends")
+    if ends is None:
+        ends = memo["ends"] = tuple(
+            _phase_cost(cluster, plan, groups, unit, backward)
+            for unit in (graph.embedding, graph.head, graph.mtp)
+            for backward in (False, True)
+        )
+    embed_fwd, embed_bwd, head_fwd, head_bwd, mtp_fwd, mtp_bwd = ends
     return StepCosts(
         graph=graph,
         groups=groups,
-        layers={k: _layer_cost(cluster, plan, groups, model, k, g, gather_bytes) for k, g in graph.layers.items()},
-        embed_fwd=_phase_cost(cluster, plan, groups, graph.embedding, backward=False),
-        embed_bwd=_phase_cost(cluster, plan, groups, graph.embedding, backward=True),
-        head_fwd=_phase_cost(cluster, plan, groups, graph.head, backward=False),
-        head_bwd=_phase_cost(cluster, plan, groups, graph.head, backward=True),
-        mtp_fwd=_phase_cost(cluster, plan, groups, graph.mtp, backward=False),
-        mtp_bwd=_phase_cost(cluster, plan, groups, graph.mtp, backward=True),
+        layers=_layer_costs(cluster, plan, groups, model, graph, gather_bytes),
+        embed_fwd=embed_fwd,
+        embed_bwd=embed_bwd,
+        head_fwd=head_fwd,
+        head_bwd=head_bwd,
+        mtp_fwd=mtp_fwd,
+        mtp_bwd=mtp_bwd,
         p2p_s=collective_time_s(cluster, "send_recv", graph.boundary_bytes, groups.pp) if plan.pp > 1 else 0.0,
         slowdown=overlap_slowdown(gpu),
         gather_bytes=gather_bytes,
@@ -453,6 +510,88 @@ def stage_cost(sc: StepCosts, model: ModelSpec, plan: Plan, rank: int) -> Stage:
     return st
 
 
+def rank_classes(model: ModelSpec, plan: Plan) -> tuple[int, ...]:
+    """For each pipeline rank, the first rank whose layers are of the same kinds in the same order (memoised
+    on the model by the layout's fields, which fix every rank's layers)."""
+
+    def classes() -> tuple[int, ...]:
+        kinds = model.layer_kinds()
+        first: dict[tuple[LayerKind, ...], int] = {}  # each order of kinds -> the first rank holding it
+        ranks = enumerate(plan.rank_layers(model.layers))
+        return tuple(first.setdefault(tuple(kinds[i] for i in layers), r) for r, layers in ranks)
+
+    return model.memoised(("rank_classes", plan.pp, plan.vpp, plan.pp_layout), classes)
+
+
+def stage_costs(sc: StepCosts, model: ModelSpec, plan: Plan) -> tuple[Stage, ...]:
+    """`stage_cost` of every pipeline rank, shared (never to be changed). Ranks whose layers are of the same
+    kinds in the same order (`rank_classes`) and that agree on holding the embedding, the output layer and
+    the MTP modules run the same work, so each such class is costed once. Memoised per graph and cluster on
+    what `stage_cost` reads outside the graph: the recompute section, `_regather_key`, the layout and MTP
+    fields, the boundary send's time and `_unpaired_key`; plans that differ elsewhere share their stages."""
+    layout = (plan.pp, plan.vpp, plan.pp_layout, plan.mtp, plan.mtp_chunk)
+    recompute = section_values(plan, "recompute")
+    regather = _regather_key(plan, sc.gather_bytes)
+    key = ("stages", recompute, regather, layout, sc.p2p_s, _unpaired_key(sc, plan))
+    memo = GRAPH_MEMO.of(sc.graph, sc.cluster)
+    stages = memo.get(key)
+    if stages is None:
+        stages = memo[key] = _stage_costs(sc, model, plan)
+    return stages
+
+
+def _unpaired_key(sc: StepCosts, plan: Plan) -> float | None:
+    """What a stage's cost reads of the micro-batches per step: the combined-1F1B share of them without a
+    partner (1 - `paired_share`), which only scales the all-to-all time some layer hides under the other
+    micro-batch (`PhaseCost.paired_hidden_s`); None where no layer hides any (the share then changes
+    nothing)."""
+    paired = any(c.fwd.paired_hidden_s or c.bwd.paired_hidden_s for c in sc.layers.values())
+    return paired_share(plan) if paired else None
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """The pipeline as the closed form reads it, for any number of micro-batches per step: each rank's
+    stage (shared, never to be changed), the slowest rank, the stage time the bubble is counted in (the
+    median rank's), and the slowest rank's once-per-step data-parallel traffic and optimizer step."""
+
+    stages: tuple[Stage, ...]
+    slowest: int
+    typical: float
+    dp: DPComm
+    optimizer_s: float
+
+
+def pipeline_costs(sc: StepCosts, model: ModelSpec, cluster: Cluster, plan: Plan) -> Pipeline:
+    """The plan's `Pipeline`, memoised per graph and cluster on every plan field but the global batch (and
+    `_unpaired_key`), so plans that differ only in global batch share it."""
+    key = ("pipeline", _BUT_GLOBAL_BATCH(plan), _unpaired_key(sc, plan))
+    memo = GRAPH_MEMO.of(sc.graph, cluster)
+    pipe = memo.get(key)
+    if pipe is None:
+        stages = stage_costs(sc, model, plan)
+        slowest = max(range(plan.pp), key=lambda r: stages[r].compute + stages[r].exposed)
+        typical = sorted(st.compute + st.exposed for st in stages)[plan.pp // 2]
+        dp = dp_comm(sc, model, cluster, plan, slowest, stages[slowest])
+        optimizer_s = optimizer_time_s(model, cluster, plan, slowest)
+        pipe = memo[key] = Pipeline(stages, slowest, typical, dp, optimizer_s)
+    return pipe
+
+
+def _stage_costs(sc: StepCosts, model: ModelSpec, plan: Plan) -> tuple[Stage, ...]:
+    classes = rank_classes(model, plan)
+    last, mtp_rank = plan.pp - 1, plan.mtp_rank
+    costed: dict[tuple[int, bool, bool, bool], Stage] = {}
+    stages = []
+    for rank, cls in enumerate(classes):
+        key = (cls, rank == 0, rank == last, rank == mtp_rank)
+        st = costed.get(key)
+        if st is None:
+            st = costed[key] = stage_cost(sc, model, plan, rank)
+        stages.append(st)
+    return tuple(stages)
+
+
 @dataclass(frozen=True, slots=True)
 class DPComm:
     """Once-per-step data-parallel traffic of one rank and how much of it is exposed."""
@@ -470,7 +609,7 @@ def dp_comm(sc: StepCosts, model: ModelSpec, cluster: Cluster, plan: Plan, rank:
     """Gradients reduced (all-reduce for DDP, reduce-scatter when sharded) under the last micro-batch's
     backward (bucketed, Megatron overlap_grad_reduce); sharded weights gathered back under the next
     step's first forward (overlap_param_gather); HSDP adds an all-reduce across replicas. FSDP that
-    reshards after forward moves its traffic per micro-batch instead (see `_layer_cost`)."""
+    reshards after forward moves its traffic per micro-batch instead (see `_layer_cost_of`)."""
     groups = sc.groups
     dense, expert = rank_params_local(model, plan, rank)
     n_layers = max(len(plan.rank_layers(model.layers)[rank]), 1)
@@ -536,11 +675,29 @@ def step_flops(model: ModelSpec, plan: Plan, graph: StageGraph) -> tuple[float, 
     recompute_flops = 0.0
     if plan.recompute == "full":
         mb_per_step = plan.global_batch // plan.micro_batch
-        for layers in plan.rank_layers(model.layers):
-            for kind, n in model.kind_counts(layers[: plan.recomputed_layers(len(layers))]).items():
-                unit_flops = sum(op.flops for op in graph.layers[kind].ops)
-                recompute_flops += n * unit_flops * plan.tp * plan.cp * mb_per_step
+        for kind, n in _recomputed_kinds(model, plan):
+            recompute_flops += n * _unit_flops(graph.layers[kind]) * plan.tp * plan.cp * mb_per_step
     return model_flops, model_flops + recompute_flops
+
+
+def _unit_flops(unit: OpGroup) -> float:
+    """Forward FLOPs of one unit's ops, kept on the unit."""
+    return unit.memoised("flops", lambda: sum(op.flops for op in unit.ops))
+
+
+def _recomputed_kinds(model: ModelSpec, plan: Plan) -> tuple[tuple[LayerKind, int], ...]:
+    """(kind, count) of the fully recomputed layers of each pipeline rank in turn, memoised on the model by
+    the layout and recompute fields that fix them."""
+
+    def kinds() -> tuple[tuple[LayerKind, int], ...]:
+        return tuple(
+            (kind, n)
+            for layers in plan.rank_layers(model.layers)
+            for kind, n in model.kind_counts(layers[: plan.recomputed_layers(len(layers))]).items()
+        )
+
+    key = ("recomputed_kinds", plan.pp, plan.vpp, plan.pp_layout, plan.recompute, plan.recompute_layers)
+    return model.memoised(key, kinds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -587,6 +744,25 @@ def rank_memory(
     return RankMemory(rank, state, act, buffers + workspace, inflight, workspace, freed)
 
 
+def ranks_memory(model: ModelSpec, plan: Plan, graph: StageGraph, arch: str, ranks: Iterable[int]) -> list[RankMemory]:
+    """`rank_memory` of each of `ranks`. Their model state and buffers are memoised per graph on `arch`, the
+    rank and the plan sections they read (all but recompute and batch), so plans that differ only in
+    recompute or global batch share them."""
+    memo = GRAPH_MEMO.of(graph)
+    sections = _BUT_RECOMPUTE_AND_BATCH(plan)
+    freed = not plan.persistent_grads and plan.grad_accum == 1
+    out = []
+    for rank in ranks:
+        key = ("fixed", rank, arch, sections)
+        fixed = memo.get(key)
+        if fixed is None:
+            fixed = memo[key] = fixed_rank_memory(model, plan, graph, arch, rank)
+        state, buffers = fixed
+        act, workspace, inflight = activation_bytes(model, plan, graph, rank)
+        out.append(RankMemory(rank, state, act, buffers + workspace, inflight, workspace, freed))
+    return out
+
+
 def fixed_rank_memory(
     model: ModelSpec, plan: Plan, graph: StageGraph, arch: str, rank: int
 ) -> tuple[StateBytes, float]:
@@ -604,15 +780,16 @@ def host_gib_per_node(model: ModelSpec, cluster: Cluster, plan: Plan, rank: int,
 
 def memory_breakdown(m: RankMemory, capacity_gib: float, host_gib: float = 0.0) -> MemoryBreakdown:
     st = m.state
+    allocated, overhead = m.allocated, m.overhead
     return MemoryBreakdown(
-        peak_gib=m.allocated / GIB,
+        peak_gib=allocated / GIB,
         params_gib=st.params / GIB,
         grads_gib=st.grads / GIB,
         optimizer_gib=st.optimizer / GIB,
         activations_gib=m.activations / GIB,
         buffers_gib=m.buffers / GIB,
-        overhead_gib=m.overhead / GIB,
-        required_gib=(m.allocated + m.overhead) / GIB,
+        overhead_gib=overhead / GIB,
+        required_gib=(allocated + overhead) / GIB,
         capacity_gib=capacity_gib,
         stage=m.rank,
         inflight_microbatches=m.inflight,
@@ -645,20 +822,21 @@ def make_estimate(
     time: TimeBreakdown,
     memory: MemoryBreakdown,
     extra_warnings: tuple[str, ...] = (),
+    stack: str = "",
 ) -> Estimate:
-    """Assemble the typed result (shared by the analytic path and the simulator)."""
+    """Assemble the typed result (shared by the analytic path and the simulator), labelled with the
+    software `stack` the plan came from."""
     gpu = cluster.gpu
     model_flops, hardware_flops = step_flops(model, plan, sc.graph)
     peak = gpu.peak_tflops(plan.precision) * 1e12
     tokens = plan.global_batch * plan.seq_len
-    ranks = sorted({0, plan.pp - 1, plan.pp // 2, memory.stage})
-    max_params = max(sum(rank_params_local(model, plan, r)) for r in ranks)
+    gpus = plan.gpus
+    max_params = _max_rank_params(model, plan, memory.stage)
     return Estimate(
         model=model.name,
         gpu=gpu.name,
-        gpus=plan.gpus,
-        plan={f.name: getattr(plan, f.name) for f in fields(plan)}
-        | {"grad_accum": plan.grad_accum, "sharding": plan.sharding_name},
+        gpus=gpus,
+        plan=plan_record(plan),
         params=ParamCounts(
             total=model.params_total,
             per_gpu=int(round(max_params)),
@@ -668,19 +846,38 @@ def make_estimate(
         step_time_s=step_s,
         tokens_per_step=tokens,
         tokens_per_s=tokens / step_s,
-        tokens_per_s_per_gpu=tokens / step_s / plan.gpus,
+        tokens_per_s_per_gpu=tokens / step_s / gpus,
         model_flops_per_step=model_flops,
         hardware_flops_per_step=hardware_flops,
-        model_tflops_per_gpu=model_flops / step_s / plan.gpus / 1e12,
-        hardware_tflops_per_gpu=hardware_flops / step_s / plan.gpus / 1e12,
-        mfu=model_flops / step_s / plan.gpus / peak,
-        hfu=hardware_flops / step_s / plan.gpus / peak,
+        model_tflops_per_gpu=model_flops / step_s / gpus / 1e12,
+        hardware_tflops_per_gpu=hardware_flops / step_s / gpus / 1e12,
+        mfu=model_flops / step_s / gpus / peak,
+        hfu=hardware_flops / step_s / gpus / peak,
         peak_tflops_per_gpu=peak / 1e12,
         fits=memory.required_gib <= gpu.hbm_gib and memory.host_gib <= gpu.host_memory_gib,
         memory=memory,
         time=time,
         warnings=plan_warnings(plan, sc.graph) + bubble_warning(plan, time, step_s) + extra_warnings,
+        stack=stack,
     )
+
+
+def _max_rank_params(model: ModelSpec, plan: Plan, stage: int) -> float:
+    """Parameters on the most-loaded GPU of the first, middle and last pipeline ranks and `stage`, memoised on
+    the model by the fields `rank_params_local` reads."""
+    ranks = tuple(sorted({0, plan.pp - 1, plan.pp // 2, stage}))
+    return model.memoised(
+        ("max_rank_params", ranks, rank_params_fields(plan)),
+        lambda: max(sum(rank_params_local(model, plan, r)) for r in ranks),
+    )
+
+
+def plan_record(plan: Plan) -> dict[str, object]:
+    """The plan as the result states it: every field, the micro-batches per step and the sharding's name."""
+    record = dict(zip(PLAN_FIELDS, _plan_values(plan), strict=True))
+    record["grad_accum"] = plan.grad_accum
+    record["sharding"] = plan.sharding_name
+    return record
 
 
 def bubble_warning(plan: Plan, time: TimeBreakdown, step_s: float) -> tuple[str, ...]:
