@@ -144,3 +144,23 @@ def test_bad_pipeline_layout_is_one_line_and_exit_2():
 def test_output_paths_are_checked_before_any_work(args):
     r = CliRunner().invoke(app, list(args))
     assert r.exit_code == 2 and "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["estimate", "llama3.1-8b", "--gpus", "abc"], "Invalid value for '--gpus'"),
+        (["estimate", "llama3.1-8b", "--bogus", "1"], "No such option: --bogus"),
+        (["estimate"], "Missing argument"),
+        (["nosuch"], "No such command"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(args, needle):
+    """A flag of the wrong type, an unknown option or command, a missing argument: one line, exit 2 (the
+    installed `shardscope` command is `cli.main`)."""
+    code = "import sys; from shardscope.cli import main; sys.argv = ['shardscope', *sys.argv[1:]]; main()"
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""

@@ -280,3 +280,20 @@ def test_bad_flag_values_never_traceback(
     exit 0 or one error line with exit 2. (A value of the wrong type is Click's usage error.)"""
     args = [a for flag, value in [*ints, *floats] for a in (flag, str(value))]
     assert_estimated_or_refused(run("estimate", model, "--json", *args))
+
+
+def test_input_warnings_travel_with_the_estimate() -> None:
+    """A warned input is in the JSON's `warnings` (and on stderr), and the tables say it once."""
+    cfg = catalog_config("llama3.1-70b")
+    cfg["num_key_value_head"] = cfg.pop("num_key_value_heads")
+    said = "config.json: unknown key 'num_key_value_head' ignored; did you mean 'num_key_value_heads'?"
+    r = estimate_config(cfg)
+    assert said in json.loads(r.stdout)["warnings"] and said in r.stderr
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "config.json"
+        path.write_text(json.dumps(cfg))
+        r = runner.invoke(app, ["estimate", str(path), "--gpus", "8"], env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    assert r.output.count("did you mean 'num_key_value_heads'") == 1
+    big = shardscope.estimate("llama3.1-8b", seq_len=2 * SEQ_LEN_WARN, cp=8)
+    assert any("longer than contexts trained" in w for w in big.warnings)

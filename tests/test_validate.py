@@ -408,3 +408,20 @@ def test_held_out_runs_are_all_predicted():
     report = run_validation(heldout)
     assert report.skipped == [] and len(report.rows) == 86
     assert {r.stack for r in report.rows} == {"torchtitan", "nemo", "nemo-automodel"}
+
+
+def test_a_row_whose_model_a_framework_would_refuse_is_skipped_with_its_reason(tmp_path):
+    header = (
+        "id,source,model,params_b,arch,layers,hidden,ffn_hidden,heads,kv_heads,vocab,experts,topk,seq_len,gpu,"
+        "num_gpus,tp,pp,vpp,cp,ep,dp,zero_or_fsdp,recompute,micro_batch,global_batch,precision,metric,value,"
+        "flops_def,notes\n"
+    )
+    row = (
+        "X-3,MINE,mymodel,8,dense,32,4096,14336,32,{kv},128256,,,8192,H100,8,1,1,,1,,8,,none,1,8,bf16,"
+        "tokens_per_sec_per_gpu,8000,,\n"
+    )
+    path = tmp_path / "mine.csv"
+    path.write_text(header + row.format(kv=8) + row.format(kv=7).replace("X-3", "X-4"))
+    report = run_validation(path)
+    assert [r.id for r in report.rows] == ["X-3"]
+    assert report.skipped[0]["id"] == "X-4" and "KV heads" in report.skipped[0]["reason"]

@@ -7,9 +7,11 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shardscope.errors import ShardscopeWarning
 from shardscope.result import Estimate
 
 if TYPE_CHECKING:
@@ -60,10 +62,14 @@ def estimate(
     dualpipe_overlap = schedule == "dualpipe" and bool(plan.get("ep_comm_overlap"))
     if dualpipe_overlap:
         plan = {**plan, "ep_comm_overlap": False}
-    spec, cluster, p = setup(
-        model, gpu, gpus, gpus_per_node=gpus_per_node, cluster_file=cluster_file, video=video, stack=resolved,
-        power_limit_w=power_limit_w, **plan,
-    )  # fmt: skip
+    # input warnings (a misspelt config key, a cluster past any built) travel with the estimate
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ShardscopeWarning)
+        spec, cluster, p = setup(
+            model, gpu, gpus, gpus_per_node=gpus_per_node, cluster_file=cluster_file, video=video, stack=resolved,
+            power_limit_w=power_limit_w, **plan,
+        )  # fmt: skip
+    said = resolved.warnings + _input_warnings(caught)
     if dualpipe_overlap:
         from shardscope.errors import ShardscopeError
         from shardscope.plan.plan import ep_overlap_problem
@@ -73,7 +79,7 @@ def estimate(
         if problem := ep_overlap_problem(evolve(p, pp=1)):  # EP, no full recompute
             raise ShardscopeError(problem)
     if not (simulate or schedule or straggler_fraction):
-        est = estimate_step(spec, cluster, p, resolved.label, resolved.warnings)
+        est = estimate_step(spec, cluster, p, resolved.label, said)
         if trace is not None:  # the estimate laid out in time, not another engine's numbers
             from shardscope.report.closed_form import closed_form_timeline
             from shardscope.report.trace import write_trace
@@ -107,13 +113,24 @@ def estimate(
         from shardscope.report.trace import write_trace
 
         write_trace(result, Path(trace))
-    return _with_stack(result.estimate, resolved)
+    return _with_stack(result.estimate, resolved, said)
 
 
-def _with_stack(est: Estimate, stack: Stack) -> Estimate:
+def _with_stack(est: Estimate, stack: Stack, said: tuple[str, ...]) -> Estimate:
     from shardscope.records import evolve
 
-    return evolve(est, stack=stack.label, warnings=est.warnings + stack.warnings)
+    return evolve(est, stack=stack.label, warnings=est.warnings + said)
+
+
+def _input_warnings(caught: list[warnings.WarningMessage]) -> tuple[str, ...]:
+    """The ShardscopeWarnings among `caught`, each once, for the estimate to carry; every caught warning
+    is issued again as it was (the CLI prints a ShardscopeWarning as one line on stderr)."""
+    said: dict[str, None] = {}
+    for w in caught:
+        if issubclass(w.category, ShardscopeWarning):
+            said[str(w.message)] = None
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return tuple(said)
 
 
 def setup(

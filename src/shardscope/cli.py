@@ -10,12 +10,13 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from shardscope.errors import ShardscopeError, warnings_to_stderr
+from shardscope.errors import ShardscopeError, ShardscopeWarning, warnings_to_stderr
 from shardscope.plan.plan import cli_fields, option_flag, option_type
 
 app = typer.Typer(
@@ -149,22 +150,25 @@ def estimate(
     try:
         if trace is not None:
             _check_output_path(trace)
-        result = run_estimate(
-            model,
-            gpu=gpu,
-            gpus=gpus,
-            gpus_per_node=gpus_per_node,
-            cluster_file=cluster,
-            video=video,
-            simulate=simulate,
-            schedule=schedule,
-            trace=trace,
-            straggler_fraction=straggler_fraction,
-            straggler_slowdown=straggler_slowdown,
-            stack=stack,
-            power_limit_w=power_limit,
-            **_plan_kwargs(plan, async_tp),
-        )
+        with warnings.catch_warnings():
+            if not as_json:  # the tables end with the estimate's warnings, these among them: say them once
+                warnings.simplefilter("ignore", ShardscopeWarning)
+            result = run_estimate(
+                model,
+                gpu=gpu,
+                gpus=gpus,
+                gpus_per_node=gpus_per_node,
+                cluster_file=cluster,
+                video=video,
+                simulate=simulate,
+                schedule=schedule,
+                trace=trace,
+                straggler_fraction=straggler_fraction,
+                straggler_slowdown=straggler_slowdown,
+                stack=stack,
+                power_limit_w=power_limit,
+                **_plan_kwargs(plan, async_tp),
+            )
     except ShardscopeError as exc:
         _fail(str(exc))
         return
@@ -418,5 +422,20 @@ def validate(
         print_report(report, show_rows=rows)
 
 
-def main() -> None:  # pragma: no cover - entry point
-    app()
+def main() -> None:
+    """The `shardscope` command: as `app`, but a usage error (a flag's value of the wrong type, an unknown
+    option, a missing argument) is one line `error: ...` on stderr with exit status 2, like every other
+    bad input, instead of Click's usage box."""
+    # Click's UsageError, whichever Click Typer runs on (its own copy since 0.2x, else click itself)
+    usage_error = typer.BadParameter.__bases__[0]
+    try:
+        code = app(standalone_mode=False)
+    except usage_error as exc:
+        ctx = getattr(exc, "ctx", None)
+        where = f"{ctx.command_path}: " if ctx is not None else ""
+        sys.stderr.write(f"error: {where}{' '.join(exc.format_message().split())}\n")
+        sys.exit(2)
+    except typer.Abort:
+        sys.stderr.write("error: aborted\n")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -9,7 +9,7 @@ from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster, make_cluster
 from shardscope.models.catalog import load_model
 from shardscope.models.spec import ModelSpec
-from shardscope.plan.plan import check_precision
+from shardscope.plan.plan import check_precision, check_scale
 from shardscope.planner.cost import parse_tokens, training_cost
 from shardscope.planner.export import ExportTarget, export_target, launch_for, search_problems
 from shardscope.planner.export import export as export_plan
@@ -82,6 +82,7 @@ def search_setup(
     cluster = make_cluster(gpu, gpus, gpus_per_node, power_limit_w=power_limit)
     if video:
         seq_len = video_seq_len(spec, video)
+    check_scale(gpus, seq_len)  # before the search, as `estimate` checks before pricing
     if precision not in ("bf16", "fp8"):
         raise ShardscopeError(f"--precision must be bf16 or fp8, got {precision!r}")
     space = SearchSpace(

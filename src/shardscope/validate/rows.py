@@ -173,7 +173,10 @@ def case_from_row(row: dict[str, str]) -> RowCase:
         flags = parse_flags(row.get("flags") or "", ignored)
     except ShardscopeError as exc:
         raise SkipRow(str(exc)) from None
-    model, warnings = model_from_row(row)
+    try:
+        model, warnings = model_from_row(row)
+    except ShardscopeError as exc:  # columns a framework would refuse (KV heads not dividing heads, ...)
+        raise SkipRow(f"model rejected: {exc}") from None
     cluster_kw = {k: flags.pop(k) for k in ("power_limit_w", "gpus_per_node") if k in flags}
     try:
         cluster = make_cluster(row["gpu"], _int(row, "num_gpus"), **cluster_kw)
