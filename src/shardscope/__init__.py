@@ -39,6 +39,7 @@ def estimate(
     straggler_fraction: float = 0.0,
     straggler_slowdown: float = 1.0,
     trace: str | Path | None = None,
+    profile: str | Path | None = None,
     **plan: object,
 ) -> Estimate:
     """Estimate one training step of `model` (catalog name or config.json path) on `gpus` GPUs.
@@ -51,6 +52,8 @@ def estimate(
     `simulate=True` runs the discrete-event simulator (pipeline `schedule`: gpipe, 1f1b, interleaved,
     zb-h1, dualpipe; stragglers) instead of the closed form. `trace` writes the step as Chrome-trace JSON,
     drawn from the engine that gave the numbers (the closed form laid out in time, or the simulation).
+    `profile` (a shipped profile's name, e.g. "H100", or a file written by `shardscope calibrate`) prices
+    the ops it covers from measured times; the result's `profile` names them.
     """
     from shardscope.analytic.step import estimate_step
     from shardscope.stacks import load_stack
@@ -78,8 +81,10 @@ def estimate(
         p = evolve(p, ep_comm_overlap=True)
         if problem := ep_overlap_problem(evolve(p, pp=1)):  # EP, no full recompute
             raise ShardscopeError(problem)
+    if profile is not None:
+        cluster = with_profile(cluster, profile)
     if not (simulate or schedule or straggler_fraction):
-        est = estimate_step(spec, cluster, p, resolved.label, said)
+        est = _with_profile_report(estimate_step(spec, cluster, p, resolved.label, said), spec, cluster, p)
         if trace is not None:  # the estimate laid out in time, not another engine's numbers
             from shardscope.report.closed_form import closed_form_timeline
             from shardscope.report.trace import write_trace
@@ -113,7 +118,41 @@ def estimate(
         from shardscope.report.trace import write_trace
 
         write_trace(result, Path(trace))
-    return _with_stack(result.estimate, resolved, said)
+    return _with_profile_report(_with_stack(result.estimate, resolved, said), spec, cluster, p)
+
+
+def with_profile(cluster: Cluster, profile: str | Path) -> Cluster:
+    """`cluster` whose GPUs carry the measured `profile` (name or file); the profile must be of that GPU."""
+    from dataclasses import replace
+
+    from shardscope.errors import ShardscopeError
+    from shardscope.hardware.catalog import load_gpu
+    from shardscope.hardware.profile import load_profile
+
+    prof = load_profile(profile)
+    try:
+        measured_on = load_gpu(prof.gpu).name if prof.gpu else None
+    except ShardscopeError:
+        measured_on = None  # a GPU the catalog does not know: only a cluster file can describe it
+    if measured_on is not None and measured_on != cluster.gpu.name:
+        raise ShardscopeError(f"profile {prof.name} was measured on {measured_on}, not {cluster.gpu.name}")
+    return replace(cluster, gpu=replace(cluster.gpu, profile=prof))
+
+
+def _with_profile_report(est: Estimate, spec: ModelSpec, cluster: Cluster, plan: Plan) -> Estimate:
+    """`est` with the ops its profile priced named (unchanged without a profile)."""
+    prof = cluster.gpu.profile
+    if prof is None:
+        return est
+    from shardscope.costs.profiled import ops_measured
+    from shardscope.graph.build import build_stage_graph
+    from shardscope.records import evolve
+
+    graph = build_stage_graph(spec, plan, cluster.gpu.arch)
+    groups = [*graph.layers.values(), graph.embedding, graph.head, *([graph.mtp] if spec.mtp_layers else [])]
+    measured, roofline = ops_measured(prof, cluster.gpu.arch, [op for g in groups for op in g.ops], plan)
+    report = {"name": prof.name, "source": prof.source, "ops_measured": measured, "ops_roofline": roofline}
+    return evolve(est, profile=report)
 
 
 def _with_stack(est: Estimate, stack: Stack, said: tuple[str, ...]) -> Estimate:

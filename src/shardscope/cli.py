@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
+from shardscope.cli_profile import calibrate, profile_app
 from shardscope.errors import ShardscopeError, ShardscopeWarning, warnings_to_stderr
 from shardscope.plan.plan import cli_fields, option_flag, option_type
 
@@ -141,16 +143,25 @@ def estimate(
     ] = None,
     straggler_fraction: Annotated[float, typer.Option(help="fraction of GPUs that run slow")] = 0.0,
     straggler_slowdown: Annotated[float, typer.Option(help="how much slower those GPUs run")] = 1.0,
+    trust_remote_code: Annotated[
+        bool,
+        typer.Option(help="let a config.json whose architecture ships as code with the checkpoint run that code"),
+    ] = False,
+    profile: Annotated[
+        str | None,
+        typer.Option(help="measured profile: a shipped GPU name (H100) or a file from `shardscope calibrate`"),
+    ] = None,
     as_json: AsJson = False,
     **plan: Any,
 ) -> None:
     """Predict step time, throughput, MFU and per-GPU memory of one training plan."""
     from shardscope import estimate as run_estimate
+    from shardscope.measure import trusting_remote_code
 
     try:
         if trace is not None:
             _check_output_path(trace)
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), trusting_remote_code(trust_remote_code):
             if not as_json:  # the tables end with the estimate's warnings, these among them: say them once
                 warnings.simplefilter("ignore", ShardscopeWarning)
             result = run_estimate(
@@ -167,6 +178,7 @@ def estimate(
                 straggler_slowdown=straggler_slowdown,
                 stack=stack,
                 power_limit_w=power_limit,
+                profile=profile,
                 **_plan_kwargs(plan, async_tp),
             )
     except ShardscopeError as exc:
@@ -396,6 +408,34 @@ def stacks(
     print_stacks(chosen, sources=name is not None)
 
 
+def _is_rl_sync_csv(file: Path) -> bool:
+    """Whether `file` has the RL weight-sync columns (validation/rl_weight_sync_public.csv)."""
+    from shardscope.rl.validate import is_rl_sync_file
+
+    try:
+        with file.open(newline="") as f:
+            header = f.readline()
+    except OSError:
+        return False  # the training runner reports the unreadable file
+    return is_rl_sync_file({c.strip() for c in header.split(",")})
+
+
+def _validate_rl_sync(file: Path, as_json: bool) -> None:
+    from shardscope.rl.validate import run_rl_validation
+
+    try:
+        report = run_rl_validation(file)
+    except ShardscopeError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        return
+    from shardscope.rl.report import print_rl_validation
+
+    print_rl_validation(report)
+
+
 @app.command()
 def validate(
     file: Annotated[Path, typer.Argument(help="CSV with the schema of shared/validation/training_public.csv")],
@@ -403,9 +443,12 @@ def validate(
     markdown: Annotated[bool, typer.Option("--markdown", help="print the summary as a Markdown table")] = False,
     rows: Annotated[bool, typer.Option("--rows/--no-rows", help="print every row")] = True,
 ) -> None:
-    """Predict every row of a validation CSV and report the errors."""
+    """Predict every row of a validation CSV and report the errors (an RL weight-sync file: `rl-sync`'s)."""
     from shardscope.validate.runner import run_validation
 
+    if _is_rl_sync_csv(file):
+        _validate_rl_sync(file, as_json)
+        return
     try:
         report = run_validation(file)
     except ShardscopeError as exc:
@@ -420,6 +463,90 @@ def validate(
         print_markdown(report)
     else:
         print_report(report, show_rows=rows)
+
+
+@app.command()
+def serve(
+    model: Annotated[str, typer.Argument(help="catalog name (see `shardscope models`) or path to a config.json")],
+    gpu: Gpu = "H100",
+    gpus: Gpus = 8,
+    tp: Annotated[int, typer.Option(help="tensor-parallel size of one replica")] = 1,
+    pp: Annotated[int, typer.Option(help="pipeline-parallel size of one replica (1 only, for now)")] = 1,
+    engine: Annotated[str, typer.Option(help="serving engine: vllm | sglang | trtllm (NAME[@RELEASE])")] = "vllm",
+    precision: Annotated[str, typer.Option(help="weight precision: bf16 | fp8")] = "bf16",
+    kv_dtype: Annotated[str, typer.Option(help="KV-cache dtype: bf16 | fp8")] = "bf16",
+    rate: Annotated[float, typer.Option(help="Poisson arrivals, requests/s (inf: offline, all at once)")] = math.inf,
+    concurrency: Annotated[int, typer.Option(help="keep this many requests outstanding (closed loop)")] = 0,
+    num_prompts: Annotated[int, typer.Option(help="requests in the benchmark")] = 1000,
+    input_len: Annotated[int, typer.Option(help="prompt tokens (dataset fixed)")] = 1024,
+    output_len: Annotated[int, typer.Option(help="output tokens (dataset fixed)")] = 256,
+    dataset: Annotated[str, typer.Option(help="fixed | sharegpt-like (seeded log-normal lengths)")] = "fixed",
+    seed: Annotated[int, typer.Option(help="random seed of arrivals and lengths")] = 0,
+    max_num_seqs: Annotated[int | None, typer.Option(help="engine limit on running requests")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(help="engine token budget per iteration")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Simulate serving a model: KV capacity, TTFT/TPOT/ITL/E2E percentiles, throughput (DP = gpus/(tp*pp))."""
+    from shardscope.serve.estimate import serve_estimate
+
+    try:
+        result = serve_estimate(
+            model, gpu=gpu, gpus=gpus, tp=tp, pp=pp, engine=engine, precision=precision, kv_dtype=kv_dtype, rate=rate,
+            concurrency=concurrency, num_prompts=num_prompts, input_len=input_len, output_len=output_len,
+            dataset=dataset, seed=seed, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        )  # fmt: skip
+    except ShardscopeError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        return
+    from shardscope.serve.report import print_serve
+
+    print_serve(result)
+
+
+app.add_typer(profile_app, name="profile")
+app.command()(calibrate)
+
+
+@app.command("rl-sync")
+def rl_sync(
+    model: Annotated[str, typer.Argument(help="catalog name (see `shardscope models`) or path to a config.json")],
+    gpu: Gpu = "H100",
+    gpus: Annotated[int | None, typer.Option(help="total GPUs (default: what the layouts use)")] = None,
+    train: Annotated[str, typer.Option(help='trainer layout: "megatron tp1 pp16 ep16" or "fsdp 64"')] = "megatron",
+    rollout: Annotated[str, typer.Option(help='rollout layout: "vllm tp32 dp8" (engine, TP, instances)')] = "vllm",
+    placement: Annotated[str, typer.Option(help="colocated | disaggregated")] = "disaggregated",
+    mechanism: Annotated[
+        str | None,
+        typer.Option(help="broadcast | reshard | ipc | ckpt-broadcast | ckpt-p2p | rdma (default: compare all)"),
+    ] = None,
+    precision: Annotated[str, typer.Option(help="weights the trainer holds: bf16 | fp8")] = "bf16",
+    quantize: Annotated[str | None, typer.Option(help="re-quantize for the engine: fp8 (BF16->FP8 blockwise)")] = None,
+    bucket_gib: Annotated[float, typer.Option(help="bucket size of bucketed transfers, GiB")] = 4.0,
+    full_experts: Annotated[
+        bool, typer.Option("--full-experts", help="every rollout rank receives every expert (not only its own)")
+    ] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Predict an RL weight update (trainer -> rollout engines): time and parts per mechanism."""
+    from shardscope.rl.command import rl_sync as run
+
+    try:
+        result = run(
+            model, gpu=gpu, train=train, rollout=rollout, placement=placement, gpus=gpus, mechanism=mechanism,
+            precision=precision, quantize=quantize, bucket_gib=bucket_gib, local_experts=not full_experts,
+        )  # fmt: skip
+    except ShardscopeError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        return
+    from shardscope.rl.report import print_rl_sync
+
+    print_rl_sync(result)
 
 
 def main() -> None:

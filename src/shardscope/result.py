@@ -70,8 +70,12 @@ class Estimate:
     time: TimeBreakdown
     warnings: tuple[str, ...] = ()
     stack: str = ""  # the software stack the plan's kernels and overlaps come from (NAME@RELEASE)
+    # with a measured profile: its name, source, and the ops priced from it / from rooflines (None: no profile)
+    profile: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["warnings"] = list(self.warnings)
+        if self.profile is None:
+            del d["profile"]
         return d

@@ -82,6 +82,12 @@ def op_time_s(gpu: GPU, op: Op, backward: bool, plan: Plan) -> float:
     """Forward or backward time of one op (backward of a GEMM = dgrad + wgrad GEMMs), its serial
     kernels' gaps included."""
     gaps = serial_kernels(op, backward, plan) * KERNEL_GAP_S
+    if gpu.profile is not None:  # measured times where the GPU's profile covers the op (costs.profiled)
+        from shardscope.costs.profiled import profiled_time_s
+
+        measured = profiled_time_s(gpu.profile, gpu.arch, op, backward, plan)
+        if measured is not None:
+            return measured + gaps
     if op.kind == "gemm":
         m, n, k = op.mnk
         g = op.groups

@@ -59,7 +59,7 @@ def dense_params_local(model: ModelSpec, tp: int, kind: LayerKind) -> float:
         replicated = model.dit_block_replicated_params(kind)
         return (model.dit_block_params(kind) - replicated) / tp + replicated
     h = model.hidden
-    replicated = 2 * model.norm_params
+    replicated = 2 * model.norm_params + model.extra_layer_params  # a measured block's other norms
     if model.mla:
         a = model.mla
         down = h * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank
@@ -112,8 +112,8 @@ def _rank_params_local(model: ModelSpec, plan: Plan, rank: int) -> tuple[float, 
             dense += model.dit_head_params()
         return dense, expert
     vocab_rows = model.vocab * model.hidden / plan.tp
-    if rank == 0:
-        dense += vocab_rows + model.pos_embedding_rows * model.hidden
+    if rank == 0:  # with a measured model's parameters outside the blocks (embedding norm)
+        dense += vocab_rows + model.pos_embedding_rows * model.hidden + model.extra_params
     if rank == plan.pp - 1:
         dense += model.norm_params
         # A tied output layer on a separate last stage keeps its own copy of the embedding.

@@ -13,9 +13,12 @@ from dataclasses import dataclass, fields, replace
 from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardscope.errors import ShardscopeError, unknown_name
+
+if TYPE_CHECKING:
+    from shardscope.hardware.profile import Profile
 
 # Per-message latency of one collective step (NCCL Simple protocol): NVLink hop and network hop.
 # Order of magnitude from nccl-tests small-message all-reduce times (~10 us intra-node on 8 GPUs, ~20-30
@@ -48,6 +51,10 @@ class GPU:
     aliases: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
     notes: str = ""
+    # A measured profile (`hardware.profile.Profile`) whose times replace the rooflines where it covers an
+    # op (`costs.profiled`); None: rooflines and shipped efficiencies only. Part of the GPU's identity, so
+    # memoised costs of a profiled GPU are never those of the bare one.
+    profile: Profile | None = None
 
     def matmul_fraction(self, precision: str) -> float:
         """Sustained fraction of the datasheet peak that large GEMMs of this precision reach."""
@@ -208,7 +215,7 @@ def load_cluster_file(path: Path, gpus: int | None = None) -> Cluster:
         raise ShardscopeError(f"cluster file {path} must be a mapping with at least a 'gpu' key")
     gpu_field: Any = data["gpu"]
     if isinstance(gpu_field, dict):
-        names = {f.name for f in fields(GPU)}
+        names = {f.name for f in fields(GPU)} - {"profile"}  # a profile is given by --profile, not here
         unknown = set(gpu_field) - names
         if unknown:
             raise ShardscopeError(f"cluster file {path}: unknown GPU fields {sorted(unknown)}")

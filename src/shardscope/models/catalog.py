@@ -60,6 +60,7 @@ ALIASES = {
     "kimi-k2-instruct": "kimi-k2",
     "llama4-scout-17b-16e": "llama4-scout",
     "llama4-maverick-17b-128e": "llama4-maverick",
+    "deepseek-v3.1": "deepseek-v3",  # same architecture and tensors (HF config.json of V3.1)
 }
 
 

@@ -520,21 +520,31 @@ def _warn_unknown_keys(cfg: dict[str, Any]) -> None:
                 warn(f"config.json: unknown key {key!r} ignored; did you mean {hint}?")
 
 
-def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec:
-    """Build a ModelSpec from the parsed content of an HF config.json (or a diffusers transformer config)."""
+def model_from_hf_config(cfg: dict[str, Any], name: str = "custom", source_dir: Path | None = None) -> ModelSpec:
+    """Build a ModelSpec from the parsed content of an HF config.json (or a diffusers transformer config).
+    A `model_type` without an adapter here is measured from the model transformers builds
+    (`shardscope.measure`; `source_dir`: the checkpoint folder, for code that ships with it)."""
     if not isinstance(cfg, dict):
         raise ShardscopeError("config.json must hold a JSON object")
-    _warn_unknown_keys(cfg)
+    model_type = cfg.get("model_type")
+    if not (isinstance(model_type, str) and model_type and model_type not in _PARSERS):
+        _warn_unknown_keys(cfg)  # a measured model's keys are read by transformers, not here
     if "_class_name" in cfg and "model_type" not in cfg:
         cls = cfg["_class_name"]
         if not isinstance(cls, str) or cls not in _DIFFUSERS:
             raise ShardscopeError(f"unsupported diffusers model {cls!r} (supported: {', '.join(sorted(_DIFFUSERS))})")
         return _DIFFUSERS[cls](name, cfg)
-    model_type = cfg.get("model_type")
-    if not isinstance(model_type, str) or model_type not in _PARSERS:
+    if not isinstance(model_type, str) or not model_type:
         raise ShardscopeError(
             f"unsupported model_type {model_type!r} in config.json (supported: {', '.join(SUPPORTED)})"
         )
+    if model_type not in _PARSERS:
+        from shardscope.measure import measured_model
+
+        try:
+            return measured_model(cfg, name, source_dir)
+        except ShardscopeError as exc:
+            raise ShardscopeError(f"unsupported model_type {model_type!r} in config.json: {exc}") from None
     return _PARSERS[model_type](name, cfg)
 
 
@@ -548,4 +558,5 @@ def load_hf_config_file(path: Path) -> ModelSpec:
         raise ShardscopeError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ShardscopeError(f"malformed config file {path}: {exc}") from None
-    return model_from_hf_config(cfg, name=path.parent.name if path.name == "config.json" else path.stem)
+    name = path.parent.name if path.name == "config.json" else path.stem
+    return model_from_hf_config(cfg, name=name, source_dir=path.parent)

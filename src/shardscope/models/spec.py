@@ -148,6 +148,15 @@ class ModelSpec(Memoised):
     mtp_layers: int = 0  # multi-token-prediction modules (DeepSeek-V3), not part of params_total
     dit: DiTSpec | None = None
     source: str = ""
+    # A model read by `shardscope.measure` from the module tree transformers builds (no adapter): what
+    # measured it (e.g. "transformers 5.24.0 BloomForCausalLM"; "" for an adapted model), whether attention
+    # and MLP read the same block input (Falcon, GPT-J: the parallel block), and the parameters the fields
+    # above do not describe, per block (extra or missing norms: Gemma-2 has four, Falcon one) and outside
+    # the blocks (BLOOM's embedding LayerNorm), so that `params_total` is the module's exact count.
+    measured: str = ""
+    parallel_block: bool = False
+    extra_layer_params: int = 0
+    extra_params: int = 0
     # Derived figures of this immutable spec (layer kinds, per-rank parameter counts), kept for the
     # planner, which asks them for thousands of plans.
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
@@ -383,7 +392,7 @@ class ModelSpec(Memoised):
         if kind.mlp.startswith("dit"):
             return self.dit_block_params(kind)
         mlp = self.moe_block_params if kind.mlp == "moe" else self.mlp_params
-        return self.attention_params + mlp + 2 * self.norm_params
+        return self.attention_params + mlp + 2 * self.norm_params + self.extra_layer_params
 
     @property
     def layer_params(self) -> int:
@@ -413,7 +422,7 @@ class ModelSpec(Memoised):
                 self.dit_extra_params()
             )
         layers = sum(n * self.layer_params_of(k) for k, n in self.kind_counts(range(self.layers)).items())
-        return self.embedding_params + layers + self.norm_params + self.lm_head_params
+        return self.embedding_params + layers + self.norm_params + self.lm_head_params + self.extra_params
 
     @property
     def params_active(self) -> int:

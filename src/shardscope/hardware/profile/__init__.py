@@ -1,0 +1,63 @@
+"""Measured profiles (SQLite): schema and writing (`db`), interpolation (`interp`), the shipped profiles
+built from the project's measurements (`shipped`), and `load_profile` by shipped name or file."""
+
+from __future__ import annotations
+
+import sqlite3
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from shardscope.errors import ShardscopeError
+from shardscope.hardware.profile.db import digest, read_rows
+from shardscope.hardware.profile.interp import Profile
+
+__all__ = ["Profile", "load_profile", "shipped_names"]
+
+
+def shipped_names() -> list[str]:
+    """Names of the profiles shipped with shardscope (`hardware/profiles/NAME.sql`)."""
+    folder = resources.files("shardscope.hardware") / "profiles"
+    return sorted(p.name[: -len(".sql")] for p in folder.iterdir() if p.name.endswith(".sql"))
+
+
+def _from_connection(con: sqlite3.Connection, source: str) -> Profile:
+    try:
+        meta, conds, points = read_rows(con)
+    except (sqlite3.DatabaseError, ValueError, TypeError) as exc:
+        raise ShardscopeError(f"{source} is not a shardscope profile ({exc})") from None
+    finally:
+        con.close()
+    return Profile(
+        meta.get("name", source), meta.get("gpu", ""), digest(meta, conds, points), meta, conds, points, source
+    )
+
+
+def _from_sql(text: str, source: str) -> Profile:
+    con = sqlite3.connect(":memory:")
+    try:
+        con.executescript(text)
+    except sqlite3.DatabaseError as exc:
+        con.close()
+        raise ShardscopeError(f"{source} is not a shardscope profile ({exc})") from None
+    return _from_connection(con, source)
+
+
+@cache
+def _shipped(name: str) -> Profile:
+    text = (resources.files("shardscope.hardware") / "profiles" / f"{name}.sql").read_text()
+    return _from_sql(text, f"shipped profile {name}")
+
+
+def load_profile(ref: str | Path) -> Profile:
+    """A profile by shipped name (case-insensitive, e.g. "H100") or by file (`.db` SQLite, or `.sql` text)."""
+    path = Path(ref)
+    if path.is_file():
+        if path.suffix == ".sql":
+            return _from_sql(path.read_text(), str(path))
+        return _from_connection(sqlite3.connect(f"file:{path}?mode=ro", uri=True), str(path))
+    names = shipped_names()
+    match = next((n for n in names if n.lower() == str(ref).strip().lower()), None)
+    if match is None:
+        raise ShardscopeError(f"no profile {str(ref)!r}: not a file, nor a shipped profile ({', '.join(names)})")
+    return _shipped(match)

@@ -1,0 +1,396 @@
+"""Build a transformers causal LM on the meta device from a config and measure it.
+
+On the meta device tensors have shapes and dtypes but no storage: building a 70B model takes no memory,
+and a forward + backward runs every op's shape logic without computing anything. What is read:
+
+- the exact parameter count (shared tensors, tied embeddings, counted once);
+- the standard block fields of `ModelSpec` from the module tree: hidden size and vocabulary from the input
+  embedding, query and key/value widths from the attention projections, the FFN size and gating from the
+  MLP projections, norm kind and biases from the norm and linear modules, position kind from the rotary or
+  position-embedding modules (neither: ALiBi where the modeling code builds an ALiBi bias);
+- per decoder layer, forward and backward FLOPs (`torch.utils.flop_counter`'s formulas, per aten op),
+  saved-activation bytes (`saved_tensors_hooks`) and the forward GEMM shapes (aten.mm / addmm), at two
+  small sequence lengths: each quantity is a·s + b·s² per sequence, the s² part being the eager attention's
+  score matrices, the linear part everything else;
+- whether the MLP reads its input independently of the attention output (the parallel block).
+
+Nothing here runs a checkpoint's own code unless the caller allows it (`trust_remote_code`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from shardscope.errors import ShardscopeError
+from shardscope.measure.cache import SCHEMA
+
+# Sequence lengths of the two measuring passes (batch 1): small, since every quantity is a·s + b·s².
+SEQ_LENS = (128, 256)
+_ATTN_WORDS = ("attn", "attention")
+_aten = torch.ops.aten
+_GEMMS = {_aten.mm, _aten.addmm}
+
+
+def build_meta_model(cfg: dict[str, Any], source_dir: Path | None = None, trust_remote_code: bool = False) -> nn.Module:
+    """The causal LM transformers builds from `cfg`, on the meta device, with eager attention (so that the
+    attention's matmuls are aten ops the meter sees)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = cfg.get("model_type")
+    native = isinstance(model_type, str) and model_type in CONFIG_MAPPING
+    try:
+        if native:
+            config = AutoConfig.for_model(model_type, **{k: v for k, v in cfg.items() if k != "model_type"})
+        elif not trust_remote_code:
+            raise ShardscopeError(
+                f"not built into transformers {transformers.__version__}; its code ships with the checkpoint "
+                "(auto_map): pass --trust-remote-code to run it"
+            )
+        elif source_dir is None:
+            raise ShardscopeError("its modeling code ships with the checkpoint: give the checkpoint folder")
+        else:
+            config = AutoConfig.from_pretrained(source_dir, trust_remote_code=True)
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(
+                config, attn_implementation="eager", dtype=torch.bfloat16, trust_remote_code=not native
+            )
+    except ShardscopeError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError, OSError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ShardscopeError(f"transformers cannot build it as a causal LM: {first}") from None
+
+
+def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """The ModuleList of the decoder blocks: the largest list holding `num_hidden_layers` modules."""
+    count = getattr(model.config, "num_hidden_layers", None)
+    found = [
+        (name, mod)
+        for name, mod in model.named_modules()
+        if isinstance(mod, nn.ModuleList) and len(mod) == count and count
+    ]
+    if not found:
+        raise ShardscopeError(f"{type(model).__name__}: no list of {count} decoder layers in the module tree")
+    return max(found, key=lambda item: sum(p.numel() for p in item[1].parameters()))
+
+
+def _params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _is_attention(path: str) -> bool:
+    return any(word in part.lower() for part in path.split(".") for word in _ATTN_WORDS)
+
+
+def _linears(layer: nn.Module) -> tuple[list[tuple[str, nn.Linear]], list[tuple[str, nn.Linear]]]:
+    """(attention, other) linear modules of a block, by their path (`self_attn.q_proj`, `mlp.fc1`)."""
+    attn, other = [], []
+    for path, mod in layer.named_modules():
+        if isinstance(mod, nn.Linear):
+            (attn if _is_attention(path) else other).append((path, mod))
+    return attn, other
+
+
+def _norms(layer: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Norm modules (nn.LayerNorm and the per-family RMSNorm classes), by class name."""
+    return [(p, m) for p, m in layer.named_modules() if "norm" in type(m).__name__.lower()]
+
+
+def read_structure(model: nn.Module, layers: nn.ModuleList, order: list[str]) -> dict[str, Any]:
+    """The standard ModelSpec fields of a dense decoder, read from the built module tree; `order`: the
+    paths of the first block's linear modules in the order they ran (the last of the attention's and of
+    the MLP's is its output projection)."""
+    config = model.config
+    emb = model.get_input_embeddings()
+    hidden, vocab = emb.embedding_dim, emb.num_embeddings
+    layer = layers[0]
+    name = type(model).__name__
+    if any(("expert" in p.lower()) for p, _ in layer.named_modules()):
+        raise ShardscopeError(f"{name}: measuring mixture-of-experts blocks is not supported yet")
+    attn, other = _linears(layer)
+    ran = {p: i for i, p in enumerate(order)}
+    attn_ran = sorted((x for x in attn if x[0] in ran), key=lambda x: ran[x[0]])
+    mlp_ran = sorted((x for x in other if x[0] in ran), key=lambda x: ran[x[0]])
+    attn_out = [attn_ran[-1][1]] if attn_ran else []
+    mlp_out = [mlp_ran[-1][1]] if mlp_ran else []
+    attn_in = [m for _, m in attn if m.in_features == hidden and m not in attn_out]
+    mlp_in = [m for _, m in other if m.in_features == hidden and m not in mlp_out]
+    if not (attn_out and mlp_out and attn_in and mlp_in) or {attn_out[0].out_features, mlp_out[0].out_features} != {
+        hidden
+    }:
+        raise ShardscopeError(
+            f"{name}: the block is not a standard attention + MLP block (attention projections "
+            f"{[p for p, _ in attn]}, others {[p for p, _ in other]}); measuring it is not supported yet"
+        )
+    q_dim = attn_out[0].in_features
+    heads = int(getattr(config, "num_attention_heads", 0) or 0)
+    head_dim = int(getattr(config, "head_dim", 0) or 0) or (q_dim // heads if heads else 0)
+    kv_total = sum(m.out_features for m in attn_in) - q_dim
+    if not heads or not head_dim or q_dim != heads * head_dim or kv_total <= 0 or kv_total % (2 * head_dim):
+        raise ShardscopeError(
+            f"{name}: attention widths (q {q_dim}, q+k+v {q_dim + kv_total}) do not split into "
+            f"{heads} heads of {head_dim}"
+        )
+    ffn = mlp_out[0].in_features
+    up = sum(m.out_features for m in mlp_in)
+    if up not in (ffn, 2 * ffn):
+        raise ShardscopeError(f"{name}: MLP input width {up} is neither the FFN size {ffn} nor a gated 2x{ffn}")
+    norms = _norms(layer)
+    # LayerNorm subtracts the mean (nn.LayerNorm, or a family's own: OLMo's parameter-free, Cohere's
+    # bias-free); RMSNorm does not (Llama-style classes, which some families name "...LayerNorm" too).
+    layernorm = any(
+        isinstance(m, nn.LayerNorm)
+        or ("layernorm" in type(m).__name__.lower() and "rms" not in type(m).__name__.lower())
+        for _, m in norms
+    )
+    block_norms = [m for p, m in norms if not _is_attention(p)]
+    qk_norm = any(_is_attention(p) and _params(m) in (head_dim, 2 * head_dim) for p, m in norms)
+    out_emb = model.get_output_embeddings()
+    tied = out_emb is not None and out_emb.weight is emb.weight
+    rope = any("rotary" in type(m).__name__.lower() for m in model.modules())
+    # A position table: an embedding of width `hidden` other than the token embedding (OPT keeps 2 extra rows).
+    tables = [m for m in model.modules() if isinstance(m, nn.Embedding) and m is not emb and m.embedding_dim == hidden]
+    if rope:
+        position, rows = "rope", 0
+    elif tables:
+        position, rows = "learned", sum(m.num_embeddings for m in tables)
+    else:  # neither rotary nor a table: ALiBi where the modeling code builds it (BLOOM, MPT, Falcon-RW)
+        source = inspect.getsource(sys.modules[type(model).__module__])
+        position, rows = ("alibi" if "alibi" in source.lower() else "learned"), 0
+    return dict(
+        hidden=hidden,
+        layers=len(layers),
+        heads=heads,
+        kv_heads=kv_total // (2 * head_dim),
+        head_dim=head_dim,
+        ffn_hidden=ffn,
+        vocab=vocab,
+        mlp="swiglu" if up == 2 * ffn else "gelu",
+        norm="layernorm" if layernorm else "rmsnorm",
+        norm_bias=any(getattr(m, "bias", None) is not None for m in block_norms),
+        qkv_bias=any(m.bias is not None for m in attn_in),
+        out_bias=attn_out[0].bias is not None,
+        mlp_bias=any(m.bias is not None for m in mlp_in + mlp_out),
+        qk_norm=qk_norm,
+        tied_embeddings=tied,
+        lm_head_bias=out_emb is not None and getattr(out_emb, "bias", None) is not None,
+        position=position,
+        pos_embedding_rows=rows,
+        **_attention_layout(config, len(layers)),
+    )
+
+
+def _attention_layout(config: Any, layers: int) -> dict[str, Any]:
+    """Per-layer attention kind from the config's `layer_types` (transformers' standard field: Gemma-2/3,
+    Qwen3, GPT-OSS) or a model-wide `sliding_window`; the window or chunk size."""
+    window = int(getattr(config, "sliding_window", 0) or 0)
+    chunk = int(getattr(config, "attention_chunk_size", 0) or 0)
+    types = getattr(config, "layer_types", None)
+    if isinstance(types, (list, tuple)) and len(types) == layers:
+        kinds = ["window" if "sliding" in str(t) else "chunk" if "chunk" in str(t) else "full" for t in types]
+    elif window and getattr(config, "use_sliding_window", True) is not False:
+        kinds = ["window"] * layers
+    else:
+        kinds = ["full"] * layers
+    size = chunk if "chunk" in kinds else window if "window" in kinds else 0
+    if not size:
+        kinds = ["full"] * layers
+    pattern = [] if len(set(kinds)) == 1 and (kinds[0] == "window") == bool(size) else kinds
+    return dict(attention_window=size, attention_pattern=pattern)
+
+
+class _Meter(TorchDispatchMode):
+    """Counts each aten op's FLOPs (the flop counter's formulas) against the decoder layer running it, in
+    forward or backward, and records the forward GEMM shapes (M, N, K)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.registry = FlopCounterMode(display=False).flop_registry
+        self.layer: int | None = None  # the decoder layer whose ops run now (None: embedding, head, loss)
+        self.backward = False
+        self.flops: defaultdict[tuple[int | None, bool], float] = defaultdict(float)
+        self.gemms: defaultdict[int | None, Counter[tuple[int, int, int]]] = defaultdict(Counter)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func._overloadpacket
+        if packet in self.registry:
+            self.flops[(self.layer, self.backward)] += self.registry[packet](*args, **kwargs, out_val=out)
+            if packet in _GEMMS and not self.backward:
+                a, b = (args[0], args[1]) if packet is _aten.mm else (args[1], args[2])
+                self.gemms[self.layer][(a.shape[0], b.shape[1], a.shape[1])] += 1
+        return out
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)) and value and isinstance(value[0], torch.Tensor):
+        return value[0]
+    return None
+
+
+def _reaches(start: Any, target: Any, limit: int = 5000) -> bool:
+    """Whether autograd node `target` is upstream of node `start` (the value at `start` depends on it)."""
+    seen, todo = set(), [start]
+    while todo and len(seen) < limit:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        if node is target:
+            return True
+        seen.add(node)
+        todo.extend(n for n, _ in node.next_functions)
+    return False
+
+
+def _measure_pass(model: nn.Module, layers: nn.ModuleList, seq: int) -> dict[str, Any]:
+    """One forward + backward of a batch of one `seq`-token sequence with a loss; per layer: FLOPs
+    (forward, backward), saved-activation bytes, forward GEMM shapes; and whether layer 0 is parallel."""
+    meter = _Meter()
+    params = {id(p) for p in model.parameters()}
+    saved: defaultdict[int | None, float] = defaultdict(float)
+    kept: dict[int, torch.Tensor] = {}  # each saved storage once (views of one tensor share it)
+    handles = []
+    probe: dict[str, Any] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        base = t
+        while base._base is not None:
+            base = base._base
+        if id(base) not in params and id(base) not in kept and not meter.backward:
+            kept[id(base)] = base
+            saved[meter.layer] += base.numel() * base.element_size()
+        return t
+
+    for i, layer in enumerate(layers):
+
+        def enter(mod: nn.Module, args: tuple, kwargs: dict, i: int = i) -> None:
+            meter.layer = i
+            x = _first_tensor(args) if args else kwargs.get("hidden_states")
+            if isinstance(x, torch.Tensor) and x.requires_grad:
+                # fires when the gradient of the layer's input is complete: its backward is done
+                x.register_hook(lambda g, i=i: setattr(meter, "layer", None) if meter.layer == i else None)
+
+        def leave(mod: nn.Module, args: tuple, output: Any, i: int = i) -> None:
+            meter.layer = None
+            y = _first_tensor(output)
+            if isinstance(y, torch.Tensor) and y.requires_grad:  # its gradient arrives: the backward begins
+                y.register_hook(lambda g, i=i: setattr(meter, "layer", i))
+
+        handles.append(layer.register_forward_pre_hook(enter, with_kwargs=True))
+        handles.append(layer.register_forward_hook(leave))
+    # Parallel block probe on layer 0: the attention output projection's output and the MLP's input.
+    # Layer 0's linear modules in the order they run, with the autograd nodes of their input and output.
+    for path, m in layers[0].named_modules():
+        if isinstance(m, nn.Linear):
+
+            def seen(mod: nn.Module, args: tuple, out: torch.Tensor, path: str = path) -> None:
+                probe.setdefault(path, (args[0].grad_fn, out.grad_fn))
+
+            handles.append(m.register_forward_hook(seen))
+    ids = torch.zeros(1, seq, dtype=torch.long, device="meta")
+    try:
+        with meter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(input_ids=ids, labels=ids).loss
+            meter.backward, meter.layer = True, None
+            loss.backward()
+    finally:
+        for h in handles:
+            h.remove()
+    # Parallel: the MLP's first projection reads nothing computed from the attention's output projection.
+    attn = [p for p in probe if _is_attention(p)]
+    mlp = [p for p in probe if not _is_attention(p)]
+    parallel = bool(attn and mlp) and not _reaches(probe[mlp[0]][0], probe[attn[-1]][1])
+    n = len(layers)
+    return dict(
+        fwd=[meter.flops[(i, False)] for i in range(n)],
+        bwd=[meter.flops[(i, True)] for i in range(n)],
+        saved=[saved[i] for i in range(n)],
+        gemms=[meter.gemms[i] for i in range(n)],
+        other_fwd=meter.flops[(None, False)],
+        other_bwd=meter.flops[(None, True)],
+        parallel=parallel,
+        order=list(probe),
+    )
+
+
+def _check_uniform(model: nn.Module, layers: nn.ModuleList) -> None:
+    """Refuse, before the (slow) forward pass, blocks the spec cannot describe yet: blocks of several
+    classes (hybrids: Jamba, Falcon-H1, Bamba) or without attention projections (Mamba)."""
+    name = type(model).__name__
+    classes = sorted({type(layer).__name__ for layer in layers})
+    if len(classes) > 1:
+        raise ShardscopeError(f"{name}: hybrid blocks ({', '.join(classes)}); measuring them is not supported yet")
+    attn, _ = _linears(layers[0])
+    if not attn:
+        raise ShardscopeError(f"{name}: its blocks have no attention projections; measuring them is not supported yet")
+
+
+def _fit(v1: float, v2: float, s1: int, s2: int) -> list[float]:
+    """[a, b] with a·s + b·s² through (s1, v1) and (s2, v2): per-token and per-token-per-key parts."""
+    b = (v2 / s2 - v1 / s1) / (s2 - s1)
+    return [v1 / s1 - b * s1, b]
+
+
+def measure_config(
+    cfg: dict[str, Any], source_dir: Path | None = None, trust_remote_code: bool = False
+) -> dict[str, Any]:
+    """The measurement record of `cfg` (JSON-ready; `measure.spec` turns it into a ModelSpec)."""
+    model = build_meta_model(cfg, source_dir, trust_remote_code)
+    _, layers = decoder_layers(model)
+    _check_uniform(model, layers)
+    s1, s2 = SEQ_LENS
+    try:
+        one, two = (_measure_pass(model, layers, s) for s in (s1, s2))
+    except ShardscopeError:
+        raise
+    except Exception as exc:  # the family's own forward, on the meta device: whatever it raises is one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ShardscopeError(f"{type(model).__name__}: its forward pass failed on the meta device: {first}") from None
+    structure = read_structure(model, layers, one["order"])
+    pattern = structure["attention_pattern"] or ["window" if structure["attention_window"] else "full"] * len(layers)
+    kinds: dict[str, dict[str, Any]] = {}
+    for i, kind in enumerate(pattern):
+        if kind in kinds:
+            kinds[kind]["layers"] += 1
+            continue
+        # GEMM shapes with M as rows per token: M scales with the tokens, N and K are the weights' sizes.
+        gemms = sorted([m / s1, n, k, c] for (m, n, k), c in one["gemms"][i].items())
+        kinds[kind] = dict(
+            layers=1,
+            params=_params(layers[i]),
+            flops_fwd=_fit(one["fwd"][i], two["fwd"][i], s1, s2),
+            flops_bwd=_fit(one["bwd"][i], two["bwd"][i], s1, s2),
+            saved_bytes=_fit(one["saved"][i], two["saved"][i], s1, s2),
+            gemms=gemms,
+        )
+    layer_params = [_params(layer) for layer in layers]
+    return dict(
+        schema=SCHEMA,
+        transformers=transformers.__version__,
+        torch=torch.__version__,
+        architecture=type(model).__name__,
+        model_type=str(cfg.get("model_type")),
+        params_total=_params(model),
+        layer_params=layer_params,
+        structure=structure | {"parallel_block": one["parallel"]},
+        seq_lens=[s1, s2],
+        kinds=kinds,
+        other=dict(
+            flops_fwd=_fit(one["other_fwd"], two["other_fwd"], s1, s2),
+            flops_bwd=_fit(one["other_bwd"], two["other_bwd"], s1, s2),
+        ),
+    )

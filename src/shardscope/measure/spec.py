@@ -1,0 +1,44 @@
+"""A measurement record (`measure.meta.measure_config`, or its cached JSON) as a ModelSpec.
+
+No torch here: a cached record becomes a spec without importing it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from shardscope.errors import ShardscopeError
+from shardscope.models.spec import LayerKind, ModelSpec
+
+
+def spec_from_measurement(record: dict[str, Any], name: str) -> ModelSpec:
+    """The ModelSpec of the measured fields, its parameter count made exact: what a block holds beyond
+    the standard fields' count (Gemma-2's extra norms; Falcon's one norm where two are assumed: negative)
+    goes to `extra_layer_params`, the rest outside the blocks (BLOOM's embedding norm) to `extra_params`."""
+    try:
+        fields = dict(record["structure"])
+        fields["attention_pattern"] = tuple(fields.get("attention_pattern") or ())
+        measured = f"transformers {record['transformers']} {record['architecture']}"
+        spec = ModelSpec(name=name, measured=measured, **fields)
+        per_layer = [int(n) for n in record["layer_params"]]
+        total = int(record["params_total"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ShardscopeError(f"malformed measurement record for {name}: {exc!r}") from None
+    standard = spec.layer_params_of(LayerKind())
+    # The block's excess where every block holds the same; blocks that differ leave theirs outside.
+    extra_layer = per_layer[0] - standard if len(set(per_layer)) == 1 else 0
+    spec = replace(spec, extra_layer_params=extra_layer)
+    return replace(spec, extra_params=total - spec.params_total)
+
+
+def flops_per_token(record: dict[str, Any], seq_len: int) -> float:
+    """Measured forward + backward FLOPs per token of the whole model at `seq_len` (the eager attention's
+    score matmuls over the full s x s square, as the measuring pass ran them)."""
+    total = 0.0
+    parts = [(k["layers"], k) for k in record["kinds"].values()] + [(1, record["other"])]
+    for count, part in parts:
+        for key in ("flops_fwd", "flops_bwd"):
+            a, b = part[key]
+            total += count * (a + b * seq_len)
+    return total

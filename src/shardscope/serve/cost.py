@@ -1,0 +1,246 @@
+"""Time of one serving iteration (a prefill chunk and a decode batch run as one forward pass) on one GPU of
+a tensor-parallel group, from the training cost model: GEMMs through `gemm_time_s` (weights streamed once
+an iteration, so decode is memory-bound and prefill compute-bound by the same roofline), attention over the
+KV cache through `attention_fraction` / `memory_time_s`, TP all-reduces through `collective_time_s`.
+
+A GEMM of the attention block is costed as one (tokens x hidden) x (hidden x attention_params/hidden)
+product: it keeps the weights' bytes and FLOPs exact; its tile shape is an approximation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from shardscope.costs.comm import collective_time_s, place_group
+from shardscope.costs.compute import gemm_time_s, memory_time_s
+from shardscope.costs.efficiency import KERNEL_GAP_S, attention_fraction
+from shardscope.hardware.catalog import Cluster
+from shardscope.models.spec import ModelSpec
+from shardscope.serve.engine import Engine
+
+# Kernels of one layer in an eager (graph-less) forward: two norms, QKV GEMM, RoPE, KV-cache write,
+# attention, output GEMM, gate/up GEMM, activation, down GEMM, two all-reduces (vLLM's Llama layer).
+KERNELS_PER_LAYER = 12
+ACT_BYTES = 2  # activations and all-reduce payloads in BF16
+LOGIT_BYTES = 4  # vLLM's sampler upcasts logits to FP32
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What one iteration computes, summed over its sequences (the simulator keeps these aggregates).
+
+    `*_pairs` are (query, key) pairs of the prefill chunks, `*_kv` the keys read by decode sequences; the
+    `_window` variants are the same, capped at the model's sliding window, for windowed layers."""
+
+    prefill_tokens: int = 0
+    prefill_pairs: float = 0.0
+    prefill_pairs_window: float = 0.0
+    decode_seqs: int = 0
+    decode_kv: int = 0
+    decode_kv_window: int = 0
+    sampled: int = 0  # sequences sampling a token: decodes plus prefills that finish this iteration
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """A model on one TP group of a cluster, with weight and KV-cache precisions."""
+
+    model: ModelSpec
+    cluster: Cluster
+    tp: int
+    precision: str = "bf16"  # weights: bf16 | fp8
+    kv_dtype_bytes: int = 2
+
+    @property
+    def weight_bytes(self) -> float:
+        return 1.0 if self.precision == "fp8" else 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """Per-GPU memory and the KV pool of one replica, as the engine sizes it."""
+
+    hbm_gib: float
+    weights_gib: float
+    activation_peak_gib: float
+    non_torch_gib: float
+    cuda_graph_pool_gib: float
+    kv_pool_gib: float
+    kv_bytes_per_token: float  # per GPU, all layers
+    block_size: int
+    kv_blocks: int
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.kv_blocks * self.block_size
+
+
+def weights_bytes_per_gpu(d: Deployment) -> float:
+    """Checkpoint weights on one TP rank: linear layers at the weight precision, embeddings and LM head in
+    BF16 (FP8 checkpoints keep them so), all split over TP (vLLM shards the vocabulary too)."""
+    m = d.model
+    embed = m.embedding_params + m.lm_head_params
+    return ((m.params_total - embed) * d.weight_bytes + embed * ACT_BYTES) / d.tp
+
+
+def kv_bytes_per_token(d: Deployment) -> float:
+    """KV-cache bytes one token takes on one GPU over all layers. GQA: each rank holds kv_heads/tp heads, at
+    least one (vLLM replicates KV heads when TP exceeds them); MLA: the compressed latent and the RoPE key,
+    replicated on every rank (vLLM's MLA backends)."""
+    m = d.model
+    if m.mla:
+        per_layer = (m.mla.kv_lora_rank + m.mla.qk_rope_head_dim) * d.kv_dtype_bytes
+    else:
+        per_layer = 2 * max(1, m.kv_heads // d.tp) * m.head_dim * d.kv_dtype_bytes
+    return float(per_layer * m.layers)
+
+
+def activation_peak_bytes(d: Deployment, tokens: int, sampled: int) -> float:
+    """Torch memory peak of a forward over `tokens` tokens (vLLM's profile run at max_num_batched_tokens):
+    the residual, the normed input and the MLP's gate/up output and activation at the widest MLP, plus
+    `sampled` rows of FP32 logits. An estimate of the live tensors, not a measured allocator peak."""
+    m, tp = d.model, d.tp
+    mats = 3 if m.mlp == "swiglu" else 2
+    widest = m.ffn_hidden
+    rows = tokens
+    if m.moe is not None:  # routed tokens are k copies each through the expert MLP
+        widest = max(m.ffn_hidden if m.moe.first_dense_layers else 0, m.moe.expert_ffn)
+        rows = tokens * m.moe.top_k
+    mlp = rows * (mats - 1 + 1) * widest / tp * ACT_BYTES  # gate/up output + activation output
+    residual = 2 * tokens * m.hidden * ACT_BYTES
+    logits = sampled * m.vocab / tp * LOGIT_BYTES
+    return mlp + residual + logits
+
+
+def memory_plan(d: Deployment, engine: Engine) -> Memory:
+    """The KV pool the engine allocates on each GPU (see the engine file's `memory_rule`)."""
+    gib = float(1 << 30)
+    hbm = d.cluster.gpu.hbm_gib * gib
+    weights = weights_bytes_per_gpu(d)
+    act = activation_peak_bytes(d, engine.max_num_batched_tokens, engine.max_num_seqs)
+    non_torch = engine.non_torch_gib * gib
+    graphs = engine.cuda_graph_pool_gib * gib
+    if engine.memory_rule == "utilization":  # vLLM: util x total - weights - profile peak - non-torch - graphs
+        pool = engine.gpu_memory_utilization * hbm - weights - act - non_torch - graphs
+    elif engine.memory_rule == "static_fraction":  # SGLang: (total - reserved) holds weights + KV
+        act = 0.0  # inside reserved
+        pool = hbm - engine.reserved_gib * gib - weights
+    else:  # TRT-LLM: a fraction of what is free after weights and activations
+        pool = engine.kv_free_fraction * (hbm - weights - act - non_torch - graphs)
+    per_token = kv_bytes_per_token(d)
+    blocks = max(0, math.floor(pool / (per_token * engine.block_size))) if pool > 0 else 0
+    return Memory(
+        hbm_gib=d.cluster.gpu.hbm_gib,
+        weights_gib=weights / gib,
+        activation_peak_gib=act / gib,
+        non_torch_gib=engine.non_torch_gib if engine.memory_rule != "static_fraction" else 0.0,
+        cuda_graph_pool_gib=engine.cuda_graph_pool_gib,
+        kv_pool_gib=max(0.0, pool) / gib,
+        kv_bytes_per_token=per_token,
+        block_size=engine.block_size,
+        kv_blocks=blocks,
+    )
+
+
+def expected_experts_hit(experts: int, top_k: int, tokens: int) -> float:
+    """Expected distinct experts that `tokens` tokens touch, each routing to `top_k` distinct experts chosen
+    uniformly: E·(1 − (1 − k/E)^T) (balanced routing, as a trained router's load-balancing loss aims for)."""
+    if tokens <= 0:
+        return 0.0
+    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+
+
+@dataclass
+class IterationCost:
+    """Iteration time of a deployment under an engine; GEMM and communication parts memoised by token count
+    (the simulator asks for the same few hundred batch sizes many times)."""
+
+    d: Deployment
+    engine: Engine
+    _linear: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        m = self.d.model
+        self._kinds = m.layer_kinds()
+        self.full_layers = sum(1 for k in self._kinds if k.attention == "full")
+        self.window_layers = m.layers - self.full_layers
+        self.moe_layers = sum(1 for k in self._kinds if k.mlp == "moe")
+        self.dense_layers = m.layers - self.moe_layers
+        tp = self.d.tp
+        # Attention FLOPs per (query, key) pair on one rank: QK^T and PV, 2 FLOPs a multiply-add. MLA decode
+        # runs absorbed: scores over the latent + RoPE key, values over the latent.
+        if m.mla:
+            a = m.mla
+            self.pair_flops = 2.0 * m.heads / tp * (2 * a.kv_lora_rank + a.qk_rope_head_dim)
+        else:
+            self.pair_flops = 2.0 * m.heads / tp * (m.qk_head_dim + m.v_head_dim)
+        self.kv_layer_bytes = kv_bytes_per_token(self.d) / m.layers
+        self.attn_cols = max(1, round(m.attention_params / m.hidden / tp))
+        self.precision = "fp8" if self.d.precision == "fp8" else "bf16"
+        self.tp_group = place_group(self.d.cluster, tp, 1)
+
+    def _linear_s(self, tokens: int, sampled: int) -> float:
+        """GEMMs, MoE experts, LM head and TP all-reduces of one forward over `tokens` tokens."""
+        key = (tokens, sampled)
+        if (t := self._linear.get(key)) is not None:
+            return t
+        m, gpu, tp, p = self.d.model, self.d.cluster.gpu, self.d.tp, self.precision
+        h, mats = m.hidden, (3 if m.mlp == "swiglu" else 2)
+        t = m.layers * gemm_time_s(gpu, tokens, self.attn_cols, h, p)
+        if self.dense_layers:
+            f = max(1, m.ffn_hidden // tp)
+            t += self.dense_layers * (
+                gemm_time_s(gpu, tokens, (mats - 1) * f, h, p) + gemm_time_s(gpu, tokens, h, f, p)
+            )
+        if self.moe_layers and m.moe is not None:
+            moe = m.moe
+            hit = expected_experts_hit(moe.experts, moe.top_k, tokens)
+            groups = max(1, round(hit))
+            rows = max(1, math.ceil(tokens * moe.top_k / groups))  # tokens per touched expert
+            fe = max(1, moe.expert_ffn // tp)
+            layer = gemm_time_s(gpu, tokens, moe.experts, h, "bf16")  # router
+            layer += gemm_time_s(gpu, rows, (mats - 1) * fe, h, p, groups) + gemm_time_s(gpu, rows, h, fe, p, groups)
+            if moe.shared_experts:
+                fs = max(1, moe.shared_experts * moe.shared_ffn // tp)
+                layer += gemm_time_s(gpu, tokens, (mats - 1) * fs, h, p) + gemm_time_s(gpu, tokens, h, fs, p)
+            t += self.moe_layers * layer
+        if sampled:
+            t += gemm_time_s(gpu, sampled, max(1, m.vocab // tp), h, "bf16")
+        # two all-reduces a layer (attention output, MLP output) of the tokens' hidden states
+        t += 2 * m.layers * collective_time_s(self.d.cluster, "all_reduce", tokens * h * ACT_BYTES, self.tp_group)
+        self._linear[key] = t
+        return t
+
+    def attention_s(self, b: Batch) -> float:
+        """Attention of the prefill chunks (compute-bound: flash attention's fraction at the chunk's span)
+        and of the decode sequences (reading their KV cache)."""
+        gpu, hd = self.d.cluster.gpu, self.d.model.qk_head_dim
+        t = 0.0
+        pairs = self.full_layers * b.prefill_pairs + self.window_layers * b.prefill_pairs_window
+        if pairs:
+            span = max(1, round(b.prefill_pairs / max(1, b.prefill_tokens)))  # mean keys per query
+            frac = attention_fraction(gpu, "auto", span, False, hd)
+            t += pairs * self.pair_flops / (gpu.bf16_tflops * 1e12 * frac)
+        keys = self.full_layers * b.decode_kv + self.window_layers * b.decode_kv_window
+        if keys:
+            span = max(1, b.decode_kv // max(1, b.decode_seqs))
+            frac = attention_fraction(gpu, "auto", span, False, hd)
+            flops_s = keys * self.pair_flops / (gpu.bf16_tflops * 1e12 * frac)
+            t += max(flops_s, memory_time_s(gpu, keys * self.kv_layer_bytes))
+        return t
+
+    def decode_time_s(self, seqs: int, kv: int, kv_window: int) -> float:
+        """`time_s` of a decode-only batch (the simulator's fast path, no Batch built)."""
+        return self.time_s(Batch(decode_seqs=seqs, decode_kv=kv, decode_kv_window=kv_window, sampled=seqs))
+
+    def time_s(self, b: Batch) -> float:
+        """Wall time of one iteration: GPU work, kernel gaps unless a decode CUDA graph replays, host cost."""
+        tokens = b.prefill_tokens + b.decode_seqs
+        if tokens <= 0:
+            return 0.0
+        t = self._linear_s(tokens, b.sampled) + self.attention_s(b)
+        graphed = b.prefill_tokens == 0 and b.decode_seqs <= self.engine.cuda_graph_max_batch
+        if not graphed:
+            t += self.d.model.layers * KERNELS_PER_LAYER * KERNEL_GAP_S
+        return t + self.engine.host_s_per_iteration

@@ -1,0 +1,54 @@
+"""Rich tables of a serving estimate: deployment and KV capacity, then latency and throughput."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from shardscope.serve.estimate import ServeResult
+
+
+def print_serve(r: ServeResult, console: Console | None = None) -> None:
+    out = console or Console()
+    m = r.memory
+    load = {"poisson": f"Poisson {r.rate:g} req/s", "offline": "offline (all at t=0)"}.get(
+        r.arrivals, f"concurrency {r.concurrency}"
+    )
+    title = f"{r.model} on {r.gpus}x {r.gpu}: TP {r.tp} x PP {r.pp} x DP {r.dp}, {r.engine}, {r.precision}"
+    head = Table(title=f"{title}, KV {r.kv_dtype}", title_justify="left", show_header=False)
+    head.add_column("what")
+    head.add_column("value", justify="right")
+    rows = [
+        ("workload", f"{r.num_prompts} requests, {load}"),
+        ("HBM per GPU", f"{m.hbm_gib:.1f} GiB"),
+        ("weights per GPU", f"{m.weights_gib:.2f} GiB"),
+        ("activation peak (profile run)", f"{m.activation_peak_gib:.2f} GiB"),
+        ("non-torch + CUDA-graph pool", f"{m.non_torch_gib + m.cuda_graph_pool_gib:.2f} GiB"),
+        ("KV pool per GPU", f"{m.kv_pool_gib:.2f} GiB"),
+        ("KV bytes per token per GPU", f"{m.kv_bytes_per_token / 1024:.1f} KiB"),
+        ("KV blocks per replica", f"{m.kv_blocks:,} x {m.block_size} = {m.kv_tokens:,} tokens"),
+        ("requests that fit at full length", f"{r.max_concurrency_at_full_length:,.1f}"),
+        ("prefill of one prompt alone", f"{r.prefill_s * 1e3:.2f} ms"),
+        ("decode iteration of one request", f"{r.decode_iteration_s * 1e3:.2f} ms"),
+    ]
+    for row in rows:
+        head.add_row(*row)
+    out.print(head)
+
+    lat = Table(title="Latency (ms; TPOT excludes the first token, as vLLM's benchmark)", title_justify="left")
+    for col in ("metric", "mean", "p50", "p90", "p99"):
+        lat.add_column(col, justify="right" if col != "metric" else "left")
+    for name, s in (("TTFT", r.ttft), ("TPOT", r.tpot), ("ITL", r.itl), ("E2E", r.e2e)):
+        lat.add_row(name, *(f"{v:,.2f}" for v in (s.mean_ms, s.p50_ms, s.p90_ms, s.p99_ms)))
+    out.print(lat)
+
+    tput = Table(title="Throughput", title_justify="left", show_header=False)
+    tput.add_column("what")
+    tput.add_column("value", justify="right")
+    tput.add_row("duration", f"{r.duration_s:,.2f} s")
+    tput.add_row("requests/s", f"{r.requests_per_s:,.2f}")
+    tput.add_row("input tokens/s", f"{r.input_tokens_per_s:,.0f}")
+    tput.add_row("output tokens/s", f"{r.output_tokens_per_s:,.0f} ({r.output_tokens_per_s_per_gpu:,.0f} per GPU)")
+    tput.add_row("max KV usage", f"{r.max_kv_usage:.1%}")
+    tput.add_row("preemptions", f"{r.preemptions:,}")
+    out.print(tput)

@@ -1,0 +1,278 @@
+"""Discrete-event simulation of one engine replica: continuous batching with chunked prefill under a token
+budget, paged KV blocks and preemption by recompute, as vLLM V1's scheduler does (`vllm/v1/core/sched/
+scheduler.py`): running requests first, in order, each taking what it still needs (one token when decoding)
+out of `max_num_batched_tokens`; when a request cannot get its KV blocks the last running request is
+preempted (blocks freed, recomputed later from its prompt and the tokens it had generated); waiting
+requests join FCFS only in iterations without preemption, up to `max_num_seqs`.
+
+Events are iteration ends and request arrivals. Stretches of decode-only iterations in which no request
+arrives, finishes, joins, or runs out of blocks are stepped in a scalar loop over the aggregate context
+length (every sequence gains one token per step), so the cost per iteration does not grow with the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from shardscope.serve.cost import Batch, IterationCost
+from shardscope.serve.engine import Engine
+from shardscope.serve.workload import Request
+
+
+@dataclass(slots=True)
+class _Seq:
+    idx: int  # index into the replica's requests
+    prompt: int
+    out_total: int
+    generated: int = 0
+    computed: int = 0  # tokens whose KV is in the cache
+    blocks: int = 0
+    last_token_s: float = 0.0
+
+
+@dataclass(slots=True)
+class ReplicaRun:
+    """What one replica did, per request (indices of its own request list) and in aggregate."""
+
+    arrival_s: list[float]
+    first_token_s: list[float]
+    finish_s: list[float]
+    itl: list[tuple[float, int]]  # (inter-token gap, how many tokens had it)
+    occupancy_s: float  # integral over time of requests in the system (arrived, not finished)
+    max_kv_blocks: int
+    kv_blocks: int
+    preemptions: int
+    iterations: int
+    end_s: float = 0.0
+    kv_usage: list[tuple[float, float]] = field(default_factory=list)  # (time, used fraction) samples
+
+
+def window_keys(c: int, n: int, w: int) -> float:
+    """Keys seen by queries at positions c .. c+n−1 (position p sees p+1 keys), each capped at a sliding
+    window of w keys (w = 0: no window)."""
+    if w <= 0:
+        return n * c + n * (n + 1) / 2
+    a = max(0, min(n, w - c))  # queries whose whole causal prefix fits the window
+    return a * c + a * (a + 1) / 2 + (n - a) * w
+
+
+def _block_phases(contexts: list[int], block_size: int) -> list[int]:
+    """How many sequences are r steps from needing their next block, for r = 0 .. block_size−1: a sequence
+    holding c tokens in full blocks of `block_size` fills its last block after (−c mod block_size) more."""
+    phases = [0] * block_size
+    for c in contexts:
+        phases[-c % block_size] += 1
+    return phases
+
+
+def _new_blocks(phases: list[int], steps: int, block_size: int) -> int:
+    """Blocks the sequences counted in `phases` need to grow by `steps` tokens each: one at step r+1, then
+    every `block_size` steps (O(block_size), not O(sequences))."""
+    return sum(count * ((steps - 1 - r) // block_size + 1) for r, count in enumerate(phases) if count and steps > r)
+
+
+def _head_fits(s: _Seq, budget: int, free: int, bs: int, engine: Engine) -> bool:
+    """Whether the first waiting request would join now, by the general iteration's rule, after the running
+    decodes took their tokens. While decodes only grow, the answer stays no until a request finishes."""
+    need = s.prompt + s.generated - s.computed
+    take = min(need, budget)
+    if take <= 0 or (take < need and not engine.chunked_prefill):
+        return False
+    held = s.prompt + s.out_total if engine.kv_admission == "reserve_full" else s.computed + take
+    return -(-held // bs) - s.blocks <= free
+
+
+def simulate_replica(
+    requests: list[Request],
+    cost: IterationCost,
+    engine: Engine,
+    kv_blocks: int,
+    concurrency: int = 0,
+) -> ReplicaRun:
+    """Run `requests` (in arrival order) through one replica. `concurrency` > 0: a closed loop, the first
+    `concurrency` requests sent at t = 0 and each later one when a request finishes."""
+    n = len(requests)
+    bs, budget_max, seqs_max = engine.block_size, engine.max_num_batched_tokens, engine.max_num_seqs
+    window = cost.d.model.attention_window if cost.window_layers else 0
+    arrival = [r.arrival_s for r in requests]
+    released = n
+    if concurrency > 0:
+        released = min(concurrency, n)
+        arrival = [0.0 if i < released else math.nan for i in range(n)]
+    first = [math.nan] * n
+    finish = [math.nan] * n
+    run = ReplicaRun(arrival, first, finish, [], 0.0, 0, kv_blocks, 0, 0)
+    waiting: deque[_Seq] = deque()
+    running: list[_Seq] = []
+    free, t, nxt, done = kv_blocks, 0.0, 0, 0
+    # TRT-LLM's GUARANTEED_NO_EVICT: a request joins only with blocks for its prompt and whole output, so
+    # nothing is ever preempted; vLLM and SGLang allocate as tokens come and preempt when the pool is full.
+    reserve = engine.kv_admission == "reserve_full"
+
+    def finish_seq(s: _Seq) -> None:
+        nonlocal free, done, released
+        finish[s.idx] = t
+        free += s.blocks
+        s.blocks = 0
+        done += 1
+        if released < n and concurrency > 0:  # the client sends its next request
+            arrival[released] = t
+            released += 1
+
+    while done < n:
+        while nxt < released and arrival[nxt] <= t:  # arrivals up to now join the queue
+            r = requests[nxt]
+            run.occupancy_s += t - arrival[nxt]
+            waiting.append(_Seq(nxt, r.input_len, r.output_len))
+            nxt += 1
+        if not running and not waiting:
+            t = max(t, arrival[nxt])  # idle until the next arrival
+            continue
+        run.iterations += 1
+        used = kv_blocks - free
+        run.max_kv_blocks = max(run.max_kv_blocks, used)
+
+        # ---- fast path: a stretch of decode-only iterations --------------------------------------------
+        nrun = len(running)
+        admissible = bool(waiting) and nrun < seqs_max and _head_fits(waiting[0], budget_max - nrun, free, bs, engine)
+        if (
+            nrun
+            and not admissible
+            and nrun <= budget_max
+            and all(s.generated and s.computed == s.prompt + s.generated - 1 for s in running)
+        ):
+            k = min(s.out_total - s.generated for s in running)
+            below = [s.computed for s in running if s.computed < window] if window else []
+            if below:  # keep every sequence on one side of the window during the stretch
+                k = min(k, min(window - c for c in below))
+            phases = _block_phases([] if reserve else [s.computed for s in running], bs)
+            if _new_blocks(phases, k, bs) > free:  # largest k whose new blocks fit
+                lo, hi = 0, k
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    lo, hi = (mid, hi) if _new_blocks(phases, mid, bs) <= free else (lo, mid - 1)
+                k = lo
+            if k >= 1:
+                total = sum(s.computed for s in running)
+                sum_below, n_below = sum(below), len(below)
+                next_a = arrival[nxt] if nxt < released else math.inf
+                steps, in_sys = 0, nrun + len(waiting)
+                for j in range(1, k + 1):
+                    kv = total + nrun * j
+                    kvw = sum_below + n_below * j + (nrun - n_below) * window if window else kv
+                    dt = cost.decode_time_s(nrun, kv, kvw)
+                    run.occupancy_s += in_sys * dt
+                    t += dt
+                    run.itl.append((dt, nrun))
+                    steps = j
+                    if t >= next_a:
+                        break
+                run.iterations += steps - 1
+                free -= _new_blocks(phases, steps, bs)
+                for s in running:
+                    s.computed += steps
+                    s.generated += steps
+                    if not reserve:
+                        s.blocks = -(-s.computed // bs)
+                    s.last_token_s = t
+                run.max_kv_blocks = max(run.max_kv_blocks, kv_blocks - free)
+                run.kv_usage.append((t, (kv_blocks - free) / kv_blocks))
+                if steps == k:
+                    still = []
+                    for s in running:
+                        if s.generated == s.out_total:
+                            finish_seq(s)
+                        else:
+                            still.append(s)
+                    running = still
+                continue
+
+        # ---- one general iteration -----------------------------------------------------------------------
+        budget = budget_max
+        scheduled: list[tuple[_Seq, int]] = []
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            s = running[i]
+            take = min(s.prompt + s.generated - s.computed, budget)
+            want = max(0, -(-(s.computed + take) // bs) - s.blocks)
+            self_preempted = False
+            while want > free:  # preempt from the back of the running list until it fits
+                victim = running.pop()
+                free += victim.blocks
+                victim.blocks = victim.computed = 0
+                waiting.appendleft(victim)
+                run.preemptions += 1
+                preempted = True
+                if victim is s:
+                    self_preempted = True
+                    break
+            if self_preempted:
+                break
+            free -= want
+            s.blocks += want
+            scheduled.append((s, take))
+            budget -= take
+            i += 1
+        if not preempted:
+            while waiting and budget > 0 and len(running) < seqs_max:
+                s = waiting[0]
+                need = s.prompt + s.generated - s.computed
+                take = min(need, budget)
+                if take < need and not engine.chunked_prefill:
+                    break
+                held = s.prompt + s.out_total if reserve else s.computed + take
+                want = max(0, -(-held // bs) - s.blocks)
+                if want > free:
+                    break
+                waiting.popleft()
+                running.append(s)
+                free -= want
+                s.blocks += want
+                scheduled.append((s, take))
+                budget -= take
+        run.max_kv_blocks = max(run.max_kv_blocks, kv_blocks - free)
+
+        pt, pairs, pairs_w, dseq, dkv, dkvw, sampled = 0, 0.0, 0.0, 0, 0, 0, 0
+        for s, take in scheduled:
+            c = s.computed
+            if take == 1 and s.generated and c == s.prompt + s.generated - 1:
+                dseq += 1
+                dkv += c + 1
+                dkvw += min(c + 1, window) if window else c + 1
+            else:
+                pt += take
+                pairs += window_keys(c, take, 0)
+                pairs_w += window_keys(c, take, window)
+            if c + take == s.prompt + s.generated:
+                sampled += 1
+        b = Batch(pt, pairs, pairs_w, dseq, dkv, dkvw, sampled)
+        dt = cost.time_s(b)
+        run.occupancy_s += (len(running) + len(waiting)) * dt
+        t_prev, t = t, t + dt
+        regular = 0
+        finished = False
+        for s, take in scheduled:
+            s.computed += take
+            if s.computed != s.prompt + s.generated:
+                continue  # a prefill chunk that does not reach the end samples nothing
+            s.generated += 1
+            if s.generated == 1:
+                first[s.idx] = t
+            elif s.last_token_s == t_prev:
+                regular += 1
+            else:  # resumed after a preemption: its gap spans the wait
+                run.itl.append((t - s.last_token_s, 1))
+            s.last_token_s = t
+            if s.generated == s.out_total:
+                finish_seq(s)
+                finished = True
+        if regular:
+            run.itl.append((dt, regular))
+        if finished:
+            running = [s for s in running if math.isnan(finish[s.idx])]
+        run.kv_usage.append((t, (kv_blocks - free) / kv_blocks))
+    run.end_s = t
+    return run

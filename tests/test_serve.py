@@ -1,0 +1,204 @@
+"""Serving simulator against closed forms that must hold: one request alone, Little's law, vLLM's KV
+capacity worked by hand, throughput against batch size, and the `serve` command."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from shardscope.cli import app
+from shardscope.hardware.catalog import make_cluster
+from shardscope.models.catalog import load_model
+from shardscope.serve.cost import Batch, Deployment, IterationCost, expected_experts_hit, memory_plan
+from shardscope.serve.engine import load_engine
+from shardscope.serve.estimate import serve_estimate
+from shardscope.serve.metrics import percentile, weighted_percentile
+from shardscope.serve.simulator import simulate_replica, window_keys
+from shardscope.serve.workload import Request, make_requests
+
+
+def _setup(model: str, gpu: str = "H100", tp: int = 1, engine: str = "vllm"):
+    cluster = make_cluster(gpu, tp)
+    eng = load_engine(engine, cluster.gpu)
+    d = Deployment(load_model(model), cluster, tp)
+    return d, eng, IterationCost(d, eng), memory_plan(d, eng)
+
+
+@pytest.mark.parametrize(("model", "prompt", "out"), [("llama3.1-8b", 1000, 50), ("mistral-7b", 4000, 200)])
+def test_single_request_is_prefill_plus_decode_iterations(model: str, prompt: int, out: int) -> None:
+    """Alone, a request takes one prefill iteration (which samples the first token) and then n−1 decode
+    iterations, the j-th reading prompt + j keys (mistral-7b: crossing its 4096-token sliding window)."""
+    d, eng, cost, mem = _setup(model)
+    w = d.model.attention_window
+    run = simulate_replica([Request(0.0, prompt, out)], cost, eng, mem.kv_blocks)
+    pairs = prompt * (prompt + 1) / 2
+    prefill = cost.time_s(Batch(prompt, pairs, window_keys(0, prompt, w), sampled=1))
+    decode = sum(cost.decode_time_s(1, prompt + j, min(prompt + j, w) if w else prompt + j) for j in range(1, out))
+    assert run.first_token_s[0] == pytest.approx(prefill, rel=1e-12)
+    assert run.finish_s[0] == pytest.approx(prefill + decode, rel=1e-12)
+    assert sum(c for _, c in run.itl) == out - 1
+    assert run.preemptions == 0
+
+
+def test_chunked_prefill_splits_long_prompt_at_the_token_budget() -> None:
+    d, eng, cost, mem = _setup("llama3.1-8b")
+    budget = eng.max_num_batched_tokens
+    run = simulate_replica([Request(0.0, 2 * budget + 10, 2)], cost, eng, mem.kv_blocks)
+    chunks = [(0, budget), (budget, budget), (2 * budget, 10)]
+    expected = sum(
+        cost.time_s(Batch(n, window_keys(c, n, 0), window_keys(c, n, 0), sampled=int(c + n == 2 * budget + 10)))
+        for c, n in chunks
+    )
+    assert run.first_token_s[0] == pytest.approx(expected, rel=1e-12)
+
+
+def test_littles_law_on_the_simulated_queue() -> None:
+    """Time-average requests in the system (integrated by the event loop) = arrival rate × mean E2E."""
+    rate = 12.0
+    r = serve_estimate("llama3.1-8b", "H100", 1, rate=rate, num_prompts=6000, input_len=512, output_len=128)
+    assert r.preemptions == 0 and r.mean_in_system > 5  # a real queue, not an empty system
+    assert r.mean_in_system == pytest.approx(rate * r.e2e.mean_ms / 1e3, rel=0.04)
+
+
+def test_kv_capacity_matches_vllm_formula_by_hand() -> None:
+    """Llama-3.1-8B on one H100 under vLLM 0.33 defaults (H100 tier: 8192 tokens, 1024 sequences):
+    blocks = (0.92 × HBM − weights − profile peak − non-torch − graph pool) / (16 tokens × KV bytes)."""
+    d, eng, _, mem = _setup("llama3.1-8b")
+    assert (eng.max_num_batched_tokens, eng.max_num_seqs, eng.block_size) == (8192, 1024, 16)
+    gib = 2**30
+    weights = 8_030_261_248 * 2  # bf16 checkpoint (published parameter count)
+    # gate/up output (2 x 14336) and SiLU·up output (14336), residual and normed input, 1024 rows of fp32 logits
+    peak = 8192 * 3 * 14336 * 2 + 2 * 8192 * 4096 * 2 + 1024 * 128256 * 4
+    pool = 0.92 * 79.6 * gib - weights - peak - 0.5 * gib - 1.0 * gib
+    kv_per_token = 32 * 2 * 8 * 128 * 2  # layers × (K, V) × kv heads × head dim × bf16 = 128 KiB
+    assert mem.kv_bytes_per_token == kv_per_token
+    assert mem.kv_blocks == math.floor(pool / (16 * kv_per_token))
+
+
+def test_kv_per_token_shards_over_tp_and_mla_replicates() -> None:
+    _, _, _, one = _setup("llama3.1-70b", tp=4)
+    _, _, _, eight = _setup("llama3.1-70b", tp=8)
+    assert one.kv_bytes_per_token == 2 * eight.kv_bytes_per_token  # 8 KV heads: 2 per GPU at TP 4, 1 at TP 8
+    d = Deployment(load_model("deepseek-v3"), make_cluster("H200", 8), 8, "fp8")
+    from shardscope.serve.cost import kv_bytes_per_token
+
+    assert kv_bytes_per_token(d) == 61 * (512 + 64) * 2  # latent + RoPE key, every rank
+
+
+def test_offline_throughput_rises_with_batch_until_memory_bound() -> None:
+    """More concurrent sequences raise offline throughput while the KV cache holds them; past that, the
+    batch cannot grow (the cache is full, requests are preempted) and neither does throughput."""
+    tput, usage = [], []
+    for seqs in (1, 4, 16, 64, 256, 1024):  # Llama-3.1-8B on one H100 holds ~177 requests of 2560 tokens
+        r = serve_estimate("llama3.1-8b", "H100", 1, num_prompts=600, input_len=2048, output_len=512,
+                           max_num_seqs=seqs)  # fmt: skip
+        tput.append(r.output_tokens_per_s)
+        usage.append(r.max_kv_usage)
+    fits = [u < 0.9 for u in usage]
+    assert fits[:4] == [True] * 4 and not fits[-1], usage
+    for i in range(1, len(tput)):
+        if fits[i]:  # the batch grew and still fits: throughput rises
+            assert tput[i] > 1.2 * tput[i - 1], tput
+        elif not fits[i - 1]:  # both memory-bound: no gain
+            assert tput[i] < 1.1 * tput[i - 1], tput
+
+
+def test_decode_iteration_is_memory_bound_at_small_batch() -> None:
+    """Decode at batch 1 and 8 streams the same weights: time grows far less than the batch."""
+    _, _, cost, _ = _setup("llama3.1-8b")
+    one = cost.decode_time_s(1, 1000, 1000)
+    eight = cost.decode_time_s(8, 8000, 8000)
+    assert eight < 1.3 * one
+
+
+def test_block_phases_count_new_blocks_exactly() -> None:
+    """The stretch's block count (O(block size)) equals the per-sequence ceiling arithmetic."""
+    import random
+
+    from shardscope.serve.simulator import _block_phases, _new_blocks
+
+    rng = random.Random(1)
+    for _ in range(500):
+        bs = rng.choice([1, 16, 32])
+        contexts = [rng.randrange(0, 300) for _ in range(rng.randrange(1, 20))]
+        k = rng.randrange(0, 100)
+        brute = sum(-(-(c + k) // bs) - -(-c // bs) for c in contexts)
+        assert _new_blocks(_block_phases(contexts, bs), k, bs) == brute
+
+
+def test_expected_experts_hit() -> None:
+    assert expected_experts_hit(128, 8, 1) == pytest.approx(8)
+    assert expected_experts_hit(128, 8, 10_000) == pytest.approx(128)
+    assert 8 < expected_experts_hit(128, 8, 4) < 32
+
+
+def test_percentiles_match_numpy_definition() -> None:
+    values = [1.0, 2.0, 3.0, 4.0, 10.0]
+    assert percentile(values, 50) == 3.0
+    assert percentile(values, 90) == pytest.approx(4.0 + 0.6 * 6.0)
+    expanded = sorted([1.0] * 3 + [2.0] * 5 + [7.0] * 2)
+    for q in (50, 90, 99):
+        assert weighted_percentile([(2.0, 5), (1.0, 3), (7.0, 2)], q) == pytest.approx(percentile(expanded, q))
+
+
+def test_sharegpt_like_is_seeded_and_bounded() -> None:
+    a = make_requests(2000, "poisson", 5.0, dataset="sharegpt-like", seed=3)
+    assert a == make_requests(2000, "poisson", 5.0, dataset="sharegpt-like", seed=3)
+    assert all(4 <= r.input_len <= 1024 and r.output_len >= 4 and r.input_len + r.output_len <= 2048 for r in a)
+    mean_in = sum(r.input_len for r in a) / len(a)
+    assert 150 < mean_in < 250
+
+
+def test_tpot_excludes_first_token_and_concurrency_mode_runs() -> None:
+    r = serve_estimate("llama3.1-8b", "H100", 2, concurrency=8, num_prompts=64, input_len=256, output_len=64)
+    assert r.dp == 2 and r.arrivals == "concurrency"
+    assert r.e2e.mean_ms == pytest.approx(r.ttft.mean_ms + 63 * r.tpot.mean_ms, rel=1e-9)
+
+
+def test_trtllm_reserves_whole_requests_and_never_preempts() -> None:
+    """Under GUARANTEED_NO_EVICT the same overloaded offline run that makes vLLM preempt makes TRT-LLM
+    wait instead; an FP8 KV cache holds twice the tokens."""
+    kw = dict(num_prompts=300, input_len=4000, output_len=1000)
+    vllm = serve_estimate("llama3.1-8b", "H100", 1, engine="vllm", **kw)
+    trt = serve_estimate("llama3.1-8b", "H100", 1, engine="trtllm", **kw)
+    assert vllm.preemptions > 0 and trt.preemptions == 0
+    fp8 = serve_estimate("llama3.1-8b", "H100", 1, engine="trtllm", kv_dtype="fp8", **kw)
+    assert fp8.memory.kv_bytes_per_token * 2 == trt.memory.kv_bytes_per_token
+    assert fp8.memory.kv_blocks == pytest.approx(2 * trt.memory.kv_blocks, abs=1)
+
+
+runner = CliRunner()
+
+
+def test_cli_serve_json() -> None:
+    res = runner.invoke(app, ["serve", "llama3.1-70b", "--gpu", "H100", "--gpus", "8", "--tp", "4", "--engine",
+                              "vllm", "--rate", "4", "--input-len", "1024", "--output-len", "256",
+                              "--num-prompts", "100", "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["dp"] == 2 and out["memory"]["kv_blocks"] > 0 and out["rate"] == 4
+    assert out["ttft"]["p99_ms"] >= out["ttft"]["p50_ms"] > 0
+
+
+def test_cli_serve_table() -> None:
+    res = runner.invoke(app, ["serve", "llama3.1-8b", "--gpus", "1", "--num-prompts", "20", "--engine", "sglang"])
+    assert res.exit_code == 0, res.output
+    assert "KV blocks per replica" in res.stdout and "TTFT" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("model", "args", "needle"),
+    [
+        ("llama3.1-8b", ["--engine", "vlm"], "valid: sglang, trtllm, vllm"),
+        ("llama3.1-405b", ["--tp", "1", "--gpus", "1"], "does not fit"),
+        ("llama3.1-8b", ["--gpus", "6", "--tp", "4"], "not a multiple"),
+    ],
+)
+def test_cli_serve_bad_input_exits_2(model: str, args: list[str], needle: str) -> None:
+    res = runner.invoke(app, ["serve", model, *args])
+    assert res.exit_code == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0]
