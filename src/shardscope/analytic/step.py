@@ -13,6 +13,7 @@ from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import Plan
 from shardscope.result import Estimate, TimeBreakdown
 from shardscope.step.core import (
+    StepCosts,
     host_gib_per_node,
     make_estimate,
     memory_breakdown,
@@ -23,12 +24,18 @@ from shardscope.step.core import (
 
 
 def estimate_step(
-    model: ModelSpec, cluster: Cluster, plan: Plan, stack: str = "", stack_warnings: tuple[str, ...] = ()
+    model: ModelSpec,
+    cluster: Cluster,
+    plan: Plan,
+    stack: str = "",
+    stack_warnings: tuple[str, ...] = (),
+    costs: StepCosts | None = None,
 ) -> Estimate:
     """The analytic fast path: closed-form pipeline time over the same op-graph costs as the simulator.
     `stack` labels the result with the software stack the plan came from, whose `stack_warnings` follow
-    the estimate's own."""
-    sc = step_costs(model, cluster, plan)
+    the estimate's own. `costs`: the plan's `step_costs(model, cluster, plan)` where the caller has them
+    (the planner, which ranks MoE variants by them first)."""
+    sc = step_costs(model, cluster, plan) if costs is None else costs
     m = plan.grad_accum
     pipe = pipeline_costs(sc, model, cluster, plan)
     slowest, dp, optimizer_s = pipe.slowest, pipe.dp, pipe.optimizer_s

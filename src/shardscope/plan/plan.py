@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
+from operator import attrgetter
 from typing import Any, Literal
 
 from shardscope.errors import ShardscopeError, warn
@@ -50,7 +51,10 @@ def opt(default: Any, section: str, help: str, *, choices: tuple = (), graph: bo
     return field(default=default, metadata=meta)
 
 
-@dataclass(frozen=True, slots=True)
+# Not slotted: a plan keeps its fields in its `__dict__`, so a plan already checked field by field (`make_plan`)
+# or copied with changes (`records.evolve`) is filled by one dict update rather than ~55 attribute sets,
+# which the planner does about a million times in a large search.
+@dataclass(frozen=True)
 class Plan:
     """How one training step is laid out on the cluster, in sections (`SECTIONS`).
 
@@ -309,6 +313,13 @@ def layers_by_rank(pp: int, vpp: int, layers: int, layout: tuple[int, ...] = ())
     return tuple(tuple(i for c in chunks_of[r] for i in range(starts[c], starts[c] + sizes[c])) for r in range(pp))
 
 
+# The plan's counts that must be positive integers, with their flags (spelled once, not per plan)
+_POSITIVE_FLAGS = tuple(
+    (name, "--" + name.replace("_", "-"))
+    for name in ("tp", "pp", "vpp", "cp", "micro_batch", "global_batch", "seq_len")
+)
+
+
 def _positive(name: str, value: int) -> None:
     if not isinstance(value, int) or value <= 0:
         raise ShardscopeError(f"{name} must be a positive integer, got {value!r}")
@@ -481,10 +492,28 @@ def check_choice(name: str, value: Any) -> None:
         raise ShardscopeError(f"{flag} must be one of {', '.join(str(c) for c in choices)}, got {value!r}")
 
 
+@lru_cache(maxsize=1)
+def _choice_values() -> Any:
+    return attrgetter(*_choice_fields())
+
+
+# The value tuples of the `choices` fields that passed `check_choices` (a few dozen in a whole search):
+# the planner checks the same few combinations for every plan. Membership compares by ==, as `in choices` does.
+_VALID_CHOICES: set[tuple] = set()
+
+
 def check_choices(plan: Plan) -> None:
     """Every field with `choices` holds one of them."""
+    values = _choice_values()(plan)
+    try:
+        if values in _VALID_CHOICES:
+            return
+    except TypeError:  # an unhashable value (a list): checked below, where it fails
+        pass
     for name in _choice_fields():
         check_choice(name, getattr(plan, name))
+    if len(_VALID_CHOICES) < 1024:
+        _VALID_CHOICES.add(values)
 
 
 def cli_fields() -> tuple[Any, ...]:
@@ -495,6 +524,27 @@ def cli_fields() -> tuple[Any, ...]:
 def option_type(f: Any) -> type:
     """The type a flag's value is read as: the field default's (a tuple field is given as "a,b")."""
     return str if isinstance(f.default, tuple) else type(f.default)
+
+
+@lru_cache(maxsize=1)
+def _plan_defaults() -> dict[str, Any]:
+    """Every Plan field's default (all plain immutable values: no field has a factory)."""
+    return {f.name: f.default for f in fields(Plan)}
+
+
+def _new_plan(kw: dict[str, Any], dp: int) -> Plan:
+    """`Plan(**kw, dp=dp)` for `make_plan`, whose `kw` already holds `cuda_graphs` as checked scopes (all that
+    `Plan.__post_init__` converts): the defaults and `kw` filled into the plan's `__dict__` in one update each,
+    in field order, without `__init__`'s ~55 attribute sets. An unknown name raises TypeError, as `__init__` does."""
+    defaults = _plan_defaults()
+    if not defaults.keys() >= kw.keys():
+        return Plan(**kw, dp=dp)  # raises the TypeError `__init__` gives for an unknown name
+    plan = object.__new__(Plan)
+    state = plan.__dict__
+    state.update(defaults)
+    state.update(kw)
+    state["dp"] = dp
+    return plan
 
 
 def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
@@ -509,15 +559,15 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
     dp = kw.pop("dp", 0) or 0
     if model.dit is not None:
         kw["causal"] = False  # diffusion transformers attend over the whole clip
-    for name in ("tp", "pp", "vpp", "cp", "micro_batch", "global_batch", "seq_len"):
-        _positive(f"--{name.replace('_', '-')}", kw.get(name, 1))
+    for name, flag in _POSITIVE_FLAGS:
+        _positive(flag, kw.get(name, 1))
     model_par = kw.get("tp", 1) * kw.get("pp", 1) * kw.get("cp", 1)
     if cluster.gpus % model_par:
         raise ShardscopeError(f"--gpus {cluster.gpus} is not divisible by tp·pp·cp = {model_par}")
     dp = dp or cluster.gpus // model_par
     # no global batch stated: one micro-batch per data-parallel rank (per pipeline stage when pipelined)
     kw.setdefault("global_batch", kw.get("micro_batch", 1) * max(dp, 1) * kw.get("pp", 1))
-    plan = Plan(**kw, dp=dp)
+    plan = _new_plan(kw, dp)
     check_scale(cluster.gpus, plan.seq_len)
     check_choices(plan)
     dp = plan.dp

@@ -29,7 +29,15 @@ from shardscope.planner.modules import layers_forward_s, memory_ranks, module_fr
 from shardscope.planner.space import AUTO_EP_DISPATCHES, RECOMPUTE_LEVELS, SearchSpace, structures
 from shardscope.records import evolve
 from shardscope.result import Estimate
-from shardscope.step.core import RankMemory, fixed_rank_memory, place_groups, rank_memory, stage_cost, step_costs
+from shardscope.step.core import (
+    RankMemory,
+    StepCosts,
+    fixed_rank_memory,
+    place_groups,
+    rank_memory,
+    stage_cost,
+    step_costs,
+)
 
 if TYPE_CHECKING:
     from shardscope.graph.build import StageGraph
@@ -79,22 +87,32 @@ def _footprint_gib(m: RankMemory) -> float:
 
 def _fits_memory(model: ModelSpec, cluster: Cluster, plan: Plan, fixed: dict | None = None) -> bool:
     """The ranks whose memory can be the largest (`memory_ranks`) within HBM less the headroom. `fixed`
-    keeps each rank's model state and buffers (`_fixed_parts`) and activations (`_activations`) across the
-    plans of one structure."""
-    from shardscope.graph.build import build_stage_graph
-
+    keeps, across the plans of one structure, its op graph and checked ranks (`_structure_parts`), each
+    rank's model state and buffers (`_fixed_parts`) and activations (`_activations`)."""
     arch = cluster.gpu.arch
-    graph = build_stage_graph(model, plan, arch)
-    for rank in memory_ranks(model, plan.pp, plan.vpp, plan.pp_layout):
-        if fixed is None:
-            memory = rank_memory(model, plan, graph, arch, rank)
-        else:
-            parts = _fixed_parts(model, plan, graph, arch, rank, fixed)
-            acts = _activations(model, plan, graph, rank, fixed)
-            memory = rank_memory(model, plan, graph, arch, rank, parts, acts)
-        if _footprint_gib(memory) > cluster.gpu.hbm_gib - HEADROOM_GIB:
+    if fixed is None:
+        fixed = {}
+    graph, ranks = _structure_parts(model, plan, arch, fixed)
+    limit = cluster.gpu.hbm_gib - HEADROOM_GIB
+    for rank in ranks:
+        parts = _fixed_parts(model, plan, graph, arch, rank, fixed)
+        acts = _activations(model, plan, graph, rank, fixed)
+        if _footprint_gib(rank_memory(model, plan, graph, arch, rank, parts, acts)) > limit:
             return False
     return True
+
+
+def _structure_parts(model: ModelSpec, plan: Plan, arch: str, fixed: dict) -> tuple[StageGraph, tuple[int, ...]]:
+    """The op graph and the ranks the fit check reads (`memory_ranks`), kept in `fixed` for the plans of one
+    structure: they differ only in recompute and optimizer offload, which neither reads (no recompute or
+    sharding field is a graph field: `Plan`'s `opt(graph=...)`)."""
+    parts = fixed.get("structure")
+    if parts is None:
+        from shardscope.graph.build import build_stage_graph
+
+        ranks = memory_ranks(model, plan.pp, plan.vpp, plan.pp_layout)
+        parts = fixed["structure"] = build_stage_graph(model, plan, arch), ranks
+    return parts
 
 
 def _activations(model: ModelSpec, plan: Plan, graph: StageGraph, rank: int, fixed: dict) -> tuple[float, float, int]:
@@ -163,10 +181,11 @@ def moe_variants(plan: Plan, space: SearchSpace, cluster: Cluster, model: ModelS
             yield variant
 
 
-def _stage_time_s(model: ModelSpec, cluster: Cluster, plan: Plan) -> float:
-    """A middle pipeline rank's time per micro-batch: enough to rank plans that differ only in the MoE
-    dispatcher and overlap (they change every MoE layer alike), at a fraction of a whole estimate."""
-    st = stage_cost(step_costs(model, cluster, plan), model, plan, plan.pp // 2)
+def _stage_time_s(model: ModelSpec, cluster: Cluster, plan: Plan, sc: StepCosts) -> float:
+    """A middle pipeline rank's time per micro-batch (`sc`: the plan's `step_costs`): enough to rank plans
+    that differ only in the MoE dispatcher and overlap (they change every MoE layer alike), at a fraction of
+    a whole estimate."""
+    st = stage_cost(sc, model, plan, plan.pp // 2)
     return st.compute + st.exposed
 
 
@@ -185,7 +204,7 @@ def evaluate_structure(
     # each rank's model state and buffers by optimizer offload (`_fixed_parts`), activations by recompute
     # (`_activations`)
     fixed: dict = {}
-    if _memory_floor_gib(model, cluster, base, offload, fixed) > cluster.gpu.hbm_gib - HEADROOM_GIB:
+    if _below_memory_floor(model, cluster, base, offload, fixed):
         return None
     stage_layers = base.stage_layers(model.layers)
 
@@ -242,29 +261,36 @@ def _timed(model: ModelSpec, cluster: Cluster, plan: Plan, space: SearchSpace) -
     variants = list(moe_variants(plan, space, cluster, model))
     if not variants:  # the overlap was asked for and this plan cannot run it, or the exported-to framework cannot
         return None
-    plan = min(variants, key=lambda p: _stage_time_s(model, cluster, p)) if len(variants) > 1 else variants[0]
-    est = estimate_step(model, cluster, plan)
+    costs = None
+    if len(variants) > 1:
+        # each variant's step costs, kept for the estimate of the fastest (the first of equals, as `min`)
+        priced = [(p, step_costs(model, cluster, p)) for p in variants]
+        plan, costs = min(priced, key=lambda pc: _stage_time_s(model, cluster, *pc))
+    else:
+        plan = variants[0]
+    est = estimate_step(model, cluster, plan, costs=costs)
     if est.fits and est.memory.required_gib <= cluster.gpu.hbm_gib - HEADROOM_GIB:
         return Candidate(plan, est)
     return None
 
 
-def _memory_floor_gib(model: ModelSpec, cluster: Cluster, base: Plan, offload: tuple[bool, ...], fixed: dict) -> float:
-    """A lower bound on the memory of the first and last stage under every recompute level and offload
-    choice of `base`: the footprint with no activations and no backward working set (the model state,
-    the buffers, which recompute does not change, and the CUDA context), under the smaller state.
-    Activations and the working set only add to it, so a structure above it has no plan that fits. The
-    parts it prices stay in `fixed` for the fit checks of the structure's plans."""
-    from shardscope.graph.build import build_stage_graph
-
+def _below_memory_floor(model: ModelSpec, cluster: Cluster, base: Plan, offload: tuple[bool, ...], fixed: dict) -> bool:
+    """Whether no plan of `base`'s structure can fit: the first or the last stage is over HBM less the
+    headroom under every offload choice even with no activations and no backward working set (the model
+    state, the buffers, which recompute does not change, and the CUDA context). Activations and the working
+    set only add to that floor. A rank's offload choices are priced in turn until one is under the limit
+    (the rest cannot change the answer); the parts priced stay in `fixed` for the fit checks of the
+    structure's plans."""
     arch = cluster.gpu.arch
-    graph = build_stage_graph(model, base, arch)
-    plans = [evolve(base, offload_optimizer=off) for off in offload]
-    floor = 0.0
-    for rank in {0, base.pp - 1}:
-        parts = (_fixed_parts(model, plan, graph, arch, rank, fixed) for plan in plans)
-        floor = max(floor, min(_footprint_gib(RankMemory(rank, st, 0.0, buf, 0)) for st, buf in parts))
-    return floor
+    graph, _ = _structure_parts(model, base, arch, fixed)
+    limit = cluster.gpu.hbm_gib - HEADROOM_GIB
+
+    def floor_gib(rank: int, off: bool) -> float:
+        plan = evolve(base, offload_optimizer=off)
+        state, buffers = _fixed_parts(model, plan, graph, arch, rank, fixed)
+        return _footprint_gib(RankMemory(rank, state, 0.0, buffers, 0))
+
+    return any(all(floor_gib(rank, off) > limit for off in offload) for rank in (0, base.pp - 1))
 
 
 # `workers=0` (the CLI's default) runs a search of this many layouts or more on a pool of one process per

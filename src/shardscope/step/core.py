@@ -300,6 +300,36 @@ def _layer_cost_of(
     phases: tuple[PhaseCost, PhaseCost],
 ) -> LayerCost:
     fwd, bwd = phases
+    key = ("recompute", cluster, _LAYER_RECOMPUTE(plan))
+    rec, rec_comm, rec_stall = unit.memoised(key, lambda: _recompute_cost(cluster, plan, model, unit, fwd))
+    exposed = hidden = ag = rs = 0.0
+    if regathers_per_micro_batch(plan):
+        # FSDP / ZeRO-3 (reshard after forward): every micro-batch all-gathers the layer in forward and
+        # again in backward and reduce-scatters its gradient, prefetched under the neighbour's compute.
+        dense = dense_params_local(model, plan.tp, kind)
+        expert = expert_params_local(model, kind, plan.ep, plan.etp)
+        ag = collective_time_s(cluster, "all_gather", gather_bytes * dense, groups.shard) + collective_time_s(
+            cluster, "all_gather", gather_bytes * expert, groups.edp
+        )
+        rs = collective_time_s(cluster, "reduce_scatter", GRAD_REDUCE_BYTES * dense, groups.shard) + (
+            collective_time_s(cluster, "reduce_scatter", GRAD_REDUCE_BYTES * expert, groups.edp)
+        )
+        # prefetching d layers ahead hides a gather under up to d layers of compute (0: no overlap)
+        d = plan.fsdp_prefetch
+        exposed = max(0.0, ag - d * fwd.compute_s) + max(0.0, ag + rs - d * (bwd.compute_s + rec))
+        hidden = 2 * ag + rs - exposed
+    wgrad = bwd.gemm_s / 2  # a GEMM's backward is its dgrad and its wgrad, of equal FLOPs
+    return LayerCost(fwd, bwd, rec, rec_comm, exposed, hidden, ag, wgrad, rs, rec_stall)
+
+
+def _recompute_cost(
+    cluster: Cluster, plan: Plan, model: ModelSpec, unit: OpGroup, fwd: PhaseCost
+) -> tuple[float, float, float]:
+    """(recompute_s, recompute_comm_s, recompute_stall_s) of one layer kind under the plan's recompute
+    (`LayerCost`), from its forward cost `fwd`. `_layer_cost_of` keeps it on the unit by the cluster and the
+    recompute fields (`_LAYER_RECOMPUTE`): the unit's op graph fixes every other plan field this reads (the
+    TP degree, precision, attention kernel and sequence split of the op times; the CUDA-graph scopes and EP
+    settings of the host stall), so plans that differ only in sharding share it."""
     rec_stall = 0.0
     if plan.recompute == "full":
         rec, rec_comm, rec_stall = fwd.compute_s, fwd.exposed_s, fwd.host_stall_s
@@ -319,24 +349,7 @@ def _layer_cost_of(
             rec += sum(share.get(op.name, 0.0) * t for op, t in zip(unit.ops, fwd_times, strict=True))
     else:
         rec, rec_comm = 0.0, 0.0
-    exposed = hidden = ag = rs = 0.0
-    if regathers_per_micro_batch(plan):
-        # FSDP / ZeRO-3 (reshard after forward): every micro-batch all-gathers the layer in forward and
-        # again in backward and reduce-scatters its gradient, prefetched under the neighbour's compute.
-        dense = dense_params_local(model, plan.tp, kind)
-        expert = expert_params_local(model, kind, plan.ep, plan.etp)
-        ag = collective_time_s(cluster, "all_gather", gather_bytes * dense, groups.shard) + collective_time_s(
-            cluster, "all_gather", gather_bytes * expert, groups.edp
-        )
-        rs = collective_time_s(cluster, "reduce_scatter", GRAD_REDUCE_BYTES * dense, groups.shard) + (
-            collective_time_s(cluster, "reduce_scatter", GRAD_REDUCE_BYTES * expert, groups.edp)
-        )
-        # prefetching d layers ahead hides a gather under up to d layers of compute (0: no overlap)
-        d = plan.fsdp_prefetch
-        exposed = max(0.0, ag - d * fwd.compute_s) + max(0.0, ag + rs - d * (bwd.compute_s + rec))
-        hidden = 2 * ag + rs - exposed
-    wgrad = bwd.gemm_s / 2  # a GEMM's backward is its dgrad and its wgrad, of equal FLOPs
-    return LayerCost(fwd, bwd, rec, rec_comm, exposed, hidden, ag, wgrad, rs, rec_stall)
+    return rec, rec_comm, rec_stall
 
 
 @dataclass(slots=True)
@@ -748,15 +761,18 @@ def ranks_memory(model: ModelSpec, plan: Plan, graph: StageGraph, arch: str, ran
     """`rank_memory` of each of `ranks`. Their model state and buffers are memoised per graph on `arch`, the
     rank and the plan sections they read (all but recompute and batch), so plans that differ only in
     recompute or global batch share them."""
+    # one dict of ranks per key: the ~45-field key is built and hashed once per call, not once per rank
     memo = GRAPH_MEMO.of(graph)
-    sections = _BUT_RECOMPUTE_AND_BATCH(plan)
+    key = ("fixed", arch, _BUT_RECOMPUTE_AND_BATCH(plan))
+    by_rank = memo.get(key)
+    if by_rank is None:
+        by_rank = memo[key] = {}
     freed = not plan.persistent_grads and plan.grad_accum == 1
     out = []
     for rank in ranks:
-        key = ("fixed", rank, arch, sections)
-        fixed = memo.get(key)
+        fixed = by_rank.get(rank)
         if fixed is None:
-            fixed = memo[key] = fixed_rank_memory(model, plan, graph, arch, rank)
+            fixed = by_rank[rank] = fixed_rank_memory(model, plan, graph, arch, rank)
         state, buffers = fixed
         act, workspace, inflight = activation_bytes(model, plan, graph, rank)
         out.append(RankMemory(rank, state, act, buffers + workspace, inflight, workspace, freed))
@@ -874,7 +890,9 @@ def _max_rank_params(model: ModelSpec, plan: Plan, stage: int) -> float:
 
 def plan_record(plan: Plan) -> dict[str, object]:
     """The plan as the result states it: every field, the micro-batches per step and the sharding's name."""
-    record = dict(zip(PLAN_FIELDS, _plan_values(plan), strict=True))
+    record = dict(plan.__dict__)  # a plan keeps exactly its fields there, in declaration order (`Plan`)
+    if tuple(record) != PLAN_FIELDS:  # not expected: then field by field, as the record must list them
+        record = dict(zip(PLAN_FIELDS, _plan_values(plan), strict=True))
     record["grad_accum"] = plan.grad_accum
     record["sharding"] = plan.sharding_name
     return record
