@@ -17,6 +17,8 @@ CASES: list[tuple[str, dict]] = [
     ("offline, 1024/256", dict(rate=math.inf)),
     ("concurrency 256, 1024/256", dict(concurrency=256)),
     ("poisson 40/s, sharegpt-like", dict(rate=40.0, dataset="sharegpt-like")),
+    ("poisson 40/s, spec-decode mtp:0.7", dict(rate=40.0, spec_decode="mtp:0.7")),
+    ("poisson 40/s, disaggregate 1:1", dict(rate=40.0, disaggregate="1:1")),
 ]
 
 

@@ -420,6 +420,32 @@ def _is_rl_sync_csv(file: Path) -> bool:
     return is_rl_sync_file({c.strip() for c in header.split(",")})
 
 
+def _is_inference_csv(file: Path) -> bool:
+    """Whether `file` has the measured-serving columns (validation/inference_public.csv)."""
+    from shardscope.serve.validate import is_inference_file
+
+    try:
+        with file.open(newline="") as f:
+            header = f.readline()
+    except OSError:
+        return False
+    return is_inference_file({c.strip() for c in header.split(",")})
+
+
+def _validate_inference(file: Path, as_json: bool, rows: bool) -> None:
+    from shardscope.serve.validate import print_inference_validation, run_inference_validation
+
+    try:
+        report = run_inference_validation(file)
+    except ShardscopeError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        return
+    print_inference_validation(report, show_rows=rows)
+
+
 def _validate_rl_sync(file: Path, as_json: bool) -> None:
     from shardscope.rl.validate import run_rl_validation
 
@@ -443,11 +469,15 @@ def validate(
     markdown: Annotated[bool, typer.Option("--markdown", help="print the summary as a Markdown table")] = False,
     rows: Annotated[bool, typer.Option("--rows/--no-rows", help="print every row")] = True,
 ) -> None:
-    """Predict every row of a validation CSV and report the errors (an RL weight-sync file: `rl-sync`'s)."""
+    """Predict every row of a validation CSV and report the errors (an RL weight-sync file: `rl-sync`'s; a
+    measured-serving file: `serve`'s)."""
     from shardscope.validate.runner import run_validation
 
     if _is_rl_sync_csv(file):
         _validate_rl_sync(file, as_json)
+        return
+    if _is_inference_csv(file):
+        _validate_inference(file, as_json, rows)
         return
     try:
         report = run_validation(file)
@@ -484,6 +514,15 @@ def serve(
     seed: Annotated[int, typer.Option(help="random seed of arrivals and lengths")] = 0,
     max_num_seqs: Annotated[int | None, typer.Option(help="engine limit on running requests")] = None,
     max_num_batched_tokens: Annotated[int | None, typer.Option(help="engine token budget per iteration")] = None,
+    slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT target, ms (for goodput)")] = None,
+    slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT target, ms (for goodput)")] = None,
+    trace: Annotated[Path | None, typer.Option(help="write the simulated timeline as Chrome-trace JSON")] = None,
+    spec_decode: Annotated[
+        str | None, typer.Option(help="speculative decoding: mtp:ACCEPT, mtp:K:ACCEPT or draft:MODEL:K:ACCEPT")
+    ] = None,
+    disaggregate: Annotated[
+        str | None, typer.Option(help="prefill:decode replica ratio P:D (KV sent over the cluster network)")
+    ] = None,
     as_json: AsJson = False,
 ) -> None:
     """Simulate serving a model: KV capacity, TTFT/TPOT/ITL/E2E percentiles, throughput (DP = gpus/(tp*pp))."""
@@ -494,6 +533,8 @@ def serve(
             model, gpu=gpu, gpus=gpus, tp=tp, pp=pp, engine=engine, precision=precision, kv_dtype=kv_dtype, rate=rate,
             concurrency=concurrency, num_prompts=num_prompts, input_len=input_len, output_len=output_len,
             dataset=dataset, seed=seed, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, trace_file=trace, spec_decode=spec_decode,
+            disaggregate=disaggregate,
         )  # fmt: skip
     except ShardscopeError as exc:
         _fail(str(exc))
@@ -547,6 +588,54 @@ def rl_sync(
     from shardscope.rl.report import print_rl_sync
 
     print_rl_sync(result)
+
+
+@app.command("rl")
+def rl(
+    model: Annotated[str, typer.Argument(help="catalog name (see `shardscope models`) or path to a config.json")],
+    gpu: Gpu = "H100",
+    gpus: Gpus = 8,
+    algo: Annotated[str, typer.Option(help="grpo | ppo (PPO adds a critic forward and update)")] = "grpo",
+    prompts: Annotated[int, typer.Option(help="prompts per step")] = 256,
+    samples: Annotated[int, typer.Option(help="samples (responses) per prompt")] = 8,
+    input_len: Annotated[int, typer.Option(help="prompt tokens")] = 1024,
+    output_len: Annotated[int, typer.Option(help="response cap (max tokens); lengths are drawn below it")] = 4096,
+    train: Annotated[str, typer.Option(help='trainer layout: "megatron tp2 ep8" or "fsdp"')] = "megatron",
+    rollout: Annotated[str, typer.Option(help='rollout layout: "vllm tp1" (TP only; instances fill the pool)')] = (
+        "vllm tp1"
+    ),
+    placement: Annotated[str, typer.Option(help="colocated | disaggregated")] = "colocated",
+    mode: Annotated[str, typer.Option(help="sync | one-step-off | async")] = "sync",
+    staleness: Annotated[int, typer.Option(help="async: policy versions a sample may lag")] = 2,
+    handover: Annotated[str, typer.Option(help="colocated: free | offload the engine's memory")] = "free",
+    rollout_gpus: Annotated[int | None, typer.Option(help="disaggregated: GPUs of the rollout pool")] = None,
+    search_split: Annotated[
+        bool, typer.Option("--search-split", help="disaggregated: try every split of --gpus, report the best")
+    ] = False,
+    length_median: Annotated[float, typer.Option(help="median response length, fraction of --output-len")] = 0.3,
+    length_sigma: Annotated[float, typer.Option(help="log-normal spread of response lengths")] = 0.7,
+    seed: Annotated[int, typer.Option(help="seed of the response lengths")] = 0,
+    as_json: AsJson = False,
+) -> None:
+    """Predict one RL step (GRPO/PPO): rollout, reference/critic forwards, policy update, weight sync."""
+    from shardscope.rl.loop import rl as run
+
+    try:
+        result = run(
+            model, search=search_split, gpu=gpu, gpus=gpus, algo=algo, prompts=prompts, samples=samples,
+            input_len=input_len, output_len=output_len, train=train, rollout=rollout, placement=placement,
+            mode=mode, staleness=staleness, handover=handover, rollout_gpus=rollout_gpus,
+            length_median=length_median, length_sigma=length_sigma, seed=seed,
+        )  # fmt: skip
+    except ShardscopeError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        return
+    from shardscope.rl.loop_report import print_rl
+
+    print_rl(result)
 
 
 def main() -> None:

@@ -159,6 +159,7 @@ class IterationCost:
     d: Deployment
     engine: Engine
     _linear: dict[tuple[int, int], float] = field(default_factory=dict)
+    _frac: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         m = self.d.model
@@ -212,20 +213,26 @@ class IterationCost:
         self._linear[key] = t
         return t
 
+    def attention_frac(self, span: int) -> float:
+        """Flash attention's fraction of peak at `span` keys a query (memoised: decode asks per step)."""
+        if (f := self._frac.get(span)) is None:
+            f = self._frac[span] = attention_fraction(self.d.cluster.gpu, "auto", span, False, self.d.model.qk_head_dim)
+        return f
+
     def attention_s(self, b: Batch) -> float:
         """Attention of the prefill chunks (compute-bound: flash attention's fraction at the chunk's span)
         and of the decode sequences (reading their KV cache)."""
-        gpu, hd = self.d.cluster.gpu, self.d.model.qk_head_dim
+        gpu = self.d.cluster.gpu
         t = 0.0
         pairs = self.full_layers * b.prefill_pairs + self.window_layers * b.prefill_pairs_window
         if pairs:
             span = max(1, round(b.prefill_pairs / max(1, b.prefill_tokens)))  # mean keys per query
-            frac = attention_fraction(gpu, "auto", span, False, hd)
+            frac = self.attention_frac(span)
             t += pairs * self.pair_flops / (gpu.bf16_tflops * 1e12 * frac)
         keys = self.full_layers * b.decode_kv + self.window_layers * b.decode_kv_window
         if keys:
             span = max(1, b.decode_kv // max(1, b.decode_seqs))
-            frac = attention_fraction(gpu, "auto", span, False, hd)
+            frac = self.attention_frac(span)
             flops_s = keys * self.pair_flops / (gpu.bf16_tflops * 1e12 * frac)
             t += max(flops_s, memory_time_s(gpu, keys * self.kv_layer_bytes))
         return t
@@ -244,3 +251,96 @@ class IterationCost:
         if not graphed:
             t += self.d.model.layers * KERNELS_PER_LAYER * KERNEL_GAP_S
         return t + self.engine.host_s_per_iteration
+
+
+@dataclass(frozen=True, slots=True)
+class SpecDecode:
+    """Speculative decoding: `k` proposals a step, each accepted with probability `acceptance` (independent,
+    as the usual analysis assumes), from MTP heads of the target model or from a draft model."""
+
+    kind: str  # "mtp" | "draft"
+    k: int
+    acceptance: float
+    draft_model: str = ""
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Expected tokens a verify step emits: accepted proposals plus the target's own token,
+        Σ_{i=0..k} a^i = (1 − a^(k+1)) / (1 − a)."""
+        a = self.acceptance
+        return float(self.k + 1) if a >= 1.0 else (1.0 - a ** (self.k + 1)) / (1.0 - a)
+
+    @property
+    def label(self) -> str:
+        draft = f"{self.draft_model}:" if self.kind == "draft" else ""
+        return f"{self.kind}:{draft}{self.k}:{self.acceptance:g}"
+
+
+def parse_spec_decode(text: str) -> SpecDecode:
+    """`mtp:A`, `mtp:K:A` (K MTP proposals, default 1) or `draft:MODEL:K:A`."""
+    from shardscope.errors import ShardscopeError
+
+    parts = text.strip().split(":")
+    try:
+        if parts[0] == "mtp" and len(parts) in (2, 3):
+            k, a = (1, float(parts[1])) if len(parts) == 2 else (int(parts[1]), float(parts[2]))
+            spec = SpecDecode("mtp", k, a)
+        elif parts[0] == "draft" and len(parts) == 4 and parts[1]:
+            spec = SpecDecode("draft", int(parts[2]), float(parts[3]), parts[1])
+        else:
+            raise ValueError
+    except ValueError:
+        raise ShardscopeError(
+            f"--spec-decode {text!r}: expected mtp:ACCEPTANCE, mtp:K:ACCEPTANCE or draft:MODEL:K:ACCEPTANCE"
+        ) from None
+    if spec.k < 1 or not 0.0 <= spec.acceptance <= 1.0:
+        raise ShardscopeError(f"--spec-decode {text!r}: K must be at least 1 and the acceptance within 0..1")
+    return spec
+
+
+@dataclass
+class SpecIterationCost(IterationCost):
+    """An iteration under speculative decoding: each decode sequence is verified as a (k+1)-token pass
+    (k+1 query rows through every GEMM and the LM head, k+1 queries over its KV cache, read once), after
+    the proposer ran k steps: a draft model's decode (its own `IterationCost`) or one MTP module (a
+    one-layer model of the target's shape plus the LM head) per proposal."""
+
+    spec: SpecDecode | None = None
+    draft: IterationCost | None = None
+
+    def __post_init__(self) -> None:
+        IterationCost.__post_init__(self)
+        if self.draft is None and self.spec is not None:
+            from dataclasses import replace
+
+            one_layer = replace(self.d.model, layers=1, mtp_layers=0)
+            host_free = replace(self.engine, host_s_per_iteration=0.0)
+            self.draft = IterationCost(replace(self.d, model=one_layer), host_free)
+
+    def propose_s(self, seqs: int, kv: int, kv_window: int) -> float:
+        """The proposer's k steps for `seqs` sequences holding `kv` keys in all."""
+        assert self.spec is not None and self.draft is not None
+        return sum(self.draft.decode_time_s(seqs, kv + seqs * j, kv_window + seqs * j) for j in range(self.spec.k))
+
+    def time_s(self, b: Batch) -> float:
+        if self.spec is None or b.decode_seqs == 0:
+            return IterationCost.time_s(self, b)
+        q = self.spec.k + 1
+        gpu = self.d.cluster.gpu
+        tokens = b.prefill_tokens + b.decode_seqs * q
+        t = self._linear_s(tokens, b.sampled + b.decode_seqs * (q - 1))
+        t += self.attention_s(replace_decode(b))  # prefill part only
+        keys = self.full_layers * b.decode_kv + self.window_layers * b.decode_kv_window
+        span = max(1, b.decode_kv // max(1, b.decode_seqs))
+        frac = self.attention_frac(span)
+        flops_s = q * keys * self.pair_flops / (gpu.bf16_tflops * 1e12 * frac)
+        t += max(flops_s, memory_time_s(gpu, keys * self.kv_layer_bytes))
+        graphed = b.prefill_tokens == 0 and tokens <= self.engine.cuda_graph_max_batch
+        if not graphed:
+            t += self.d.model.layers * KERNELS_PER_LAYER * KERNEL_GAP_S
+        return t + self.engine.host_s_per_iteration + self.propose_s(b.decode_seqs, b.decode_kv, b.decode_kv_window)
+
+
+def replace_decode(b: Batch) -> Batch:
+    """`b` without its decode sequences (the prefill chunks alone)."""
+    return Batch(b.prefill_tokens, b.prefill_pairs, b.prefill_pairs_window)

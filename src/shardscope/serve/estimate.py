@@ -3,14 +3,27 @@ workload; the typed result of `shardscope serve`."""
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import make_cluster
 from shardscope.models.catalog import load_model
-from shardscope.serve.cost import Batch, Deployment, IterationCost, Memory, memory_plan
+from shardscope.serve.cost import (
+    Batch,
+    Deployment,
+    IterationCost,
+    Memory,
+    SpecIterationCost,
+    kv_bytes_per_token,
+    memory_plan,
+    parse_spec_decode,
+    weights_bytes_per_gpu,
+)
 from shardscope.serve.engine import Engine, load_engine
 from shardscope.serve.metrics import Stat, stat_s, weighted_stat_s
 from shardscope.serve.simulator import ReplicaRun, simulate_replica, window_keys
@@ -51,6 +64,13 @@ class ServeResult:
     mean_in_system: float  # time-average requests in the system (arrived, not finished), all replicas
     preemptions: int
     iterations: int
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    goodput_requests_per_s: float | None = None  # requests/s meeting every SLO given (None: no SLO)
+    spec_decode: str = ""  # "" or SpecDecode.label
+    tokens_per_decode_step: float = 1.0
+    disaggregate: str = ""  # "" or "P:D" (prefill:decode replicas)
+    kv_transfer_s: float = 0.0  # one request's KV from a prefill to a decode replica (mean)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -77,9 +97,16 @@ def serve_estimate(
     seed: int = 0,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
+    trace_file: str | Path | None = None,
+    spec_decode: str | None = None,
+    disaggregate: str | None = None,
 ) -> ServeResult:
     """Simulate the benchmark. `rate` inf with `concurrency` 0 is offline (all requests at once);
-    `concurrency` > 0 keeps that many outstanding over the whole deployment."""
+    `concurrency` > 0 keeps that many outstanding over the whole deployment. `slo_*_ms`: goodput counts the
+    requests meeting them. `trace_file`: write the timeline as Chrome-trace JSON. `spec_decode`: see
+    `parse_spec_decode`. `disaggregate` "P:D": the replicas split into prefill and decode pools."""
     if precision not in PRECISIONS:
         raise ShardscopeError(f"unknown precision {precision!r} (valid: {', '.join(PRECISIONS)})")
     if kv_dtype not in PRECISIONS:
@@ -90,14 +117,19 @@ def serve_estimate(
         raise ShardscopeError("pipeline-parallel serving is not modelled yet (valid: --pp 1)")
     if gpus % (tp * pp):
         raise ShardscopeError(f"--gpus {gpus} is not a multiple of tp x pp = {tp * pp}")
+    for name, slo in (("--slo-ttft-ms", slo_ttft_ms), ("--slo-tpot-ms", slo_tpot_ms)):
+        if slo is not None and not slo > 0:
+            raise ShardscopeError(f"{name} must be positive, got {slo}")
+    if trace_file is not None:
+        check_writable(Path(trace_file))
+    spec_dec = parse_spec_decode(spec_decode) if spec_decode else None
+    pools = parse_disaggregate(disaggregate, gpus // (tp * pp)) if disaggregate else None
     spec = load_model(model)
     if spec.dit is not None:
         raise ShardscopeError(f"{spec.name} is a diffusion transformer; serving simulates language models")
     cluster = make_cluster(gpu, gpus)
     eng = load_engine(engine, cluster.gpu)
     if max_num_seqs is not None or max_num_batched_tokens is not None:
-        from dataclasses import replace
-
         eng = replace(
             eng,
             max_num_seqs=max_num_seqs or eng.max_num_seqs,
@@ -107,6 +139,19 @@ def serve_estimate(
         raise ShardscopeError(f"--tp {tp} spans more GPUs than one NVLink domain ({cluster.scaleup_domain})")
     d = Deployment(spec, cluster, tp, precision, 1 if kv_dtype == "fp8" else 2)
     mem = memory_plan(d, eng)
+    draft_cost = None
+    if spec_dec is not None and spec_dec.kind == "draft":  # the draft's weights and KV share the pool
+        dd = Deployment(load_model(spec_dec.draft_model), cluster, tp, precision, d.kv_dtype_bytes)
+        per_token = mem.kv_bytes_per_token + kv_bytes_per_token(dd)
+        pool = mem.kv_pool_gib * (1 << 30) - weights_bytes_per_gpu(dd)
+        blocks = max(0, math.floor(pool / (per_token * mem.block_size)))
+        mem = replace(mem, kv_pool_gib=max(0.0, pool) / (1 << 30), kv_bytes_per_token=per_token, kv_blocks=blocks)
+        draft_cost = IterationCost(dd, replace(eng, host_s_per_iteration=0.0))
+        if blocks < 1:
+            raise ShardscopeError(
+                f"draft model {dd.model.name} ({weights_bytes_per_gpu(dd) / (1 << 30):.1f} GiB per GPU) leaves no "
+                f"room for a KV cache next to {spec.name} on {tp}x {cluster.gpu.name}; use a smaller draft"
+            )
     if mem.kv_blocks < 1:
         raise ShardscopeError(
             f"{spec.name} does not fit {tp}x {cluster.gpu.name} under {eng.name}: {mem.weights_gib:.1f} GiB of weights "
@@ -120,17 +165,130 @@ def serve_estimate(
         raise ShardscopeError(
             f"a request of {longest} tokens exceeds the KV cache of one replica ({mem.kv_tokens} tokens)"
         )
-    cost = IterationCost(d, eng)
-    # Round-robin routing: request i goes to replica i mod dp; a closed loop splits its clients evenly.
-    shares = [reqs[r::dp] for r in range(dp)]
+    cost = SpecIterationCost(d, eng, spec=spec_dec, draft=draft_cost) if spec_dec else IterationCost(d, eng)
+    # Speculative decoding: a request's output takes ceil((n − 1) / E) verify steps after its first token,
+    # E the expected tokens a step emits; the simulator runs those steps (the KV it holds and reads grows one
+    # token a step, not E: an undercount while the request decodes).
+    sim_reqs = reqs
+    if spec_dec is not None:
+        e = spec_dec.tokens_per_step
+        sim_reqs = [Request(r.arrival_s, r.input_len, 1 + math.ceil((r.output_len - 1) / e - 1e-9)) for r in reqs]
+    trace = trace_file is not None
     runs: list[tuple[ReplicaRun, list[Request]]] = []
-    for r in range(dp):
-        clients = concurrency // dp + (1 if r < concurrency % dp else 0) if concurrency else 0
-        if concurrency and clients == 0:
-            continue
-        runs.append((simulate_replica(shares[r], cost, eng, mem.kv_blocks, clients), shares[r]))
-    return _summarise(spec.name, cluster.gpu.name, gpus, tp, pp, dp, eng, precision, mode, rate, concurrency,
-                      reqs, runs, mem, cost)  # fmt: skip
+    transfer = 0.0
+    if pools is not None:
+        if concurrency:
+            raise ShardscopeError("--disaggregate runs Poisson or offline arrivals (not --concurrency)")
+        runs, transfer = _disaggregated(sim_reqs, reqs, pools, cost, eng, mem, d, trace)
+    else:
+        # Round-robin routing: request i goes to replica i mod dp; a closed loop splits its clients evenly.
+        shares = [sim_reqs[r::dp] for r in range(dp)]
+        originals = [reqs[r::dp] for r in range(dp)]
+        for r in range(dp):
+            clients = concurrency // dp + (1 if r < concurrency % dp else 0) if concurrency else 0
+            if concurrency and clients == 0:
+                continue
+            run = simulate_replica(shares[r], cost, eng, mem.kv_blocks, clients, trace=trace)
+            runs.append((run, originals[r]))
+    result = _summarise(spec.name, cluster.gpu.name, gpus, tp, pp, dp, eng, precision, mode, rate, concurrency,
+                        reqs, runs, mem, cost, slo_ttft_ms, slo_tpot_ms)  # fmt: skip
+    if spec_dec is not None:
+        result = replace(result, spec_decode=spec_dec.label, tokens_per_decode_step=spec_dec.tokens_per_step)
+    if pools is not None:
+        result = replace(result, disaggregate=f"{pools[0]}:{pools[1]}", kv_transfer_s=transfer)
+    if trace_file is not None:
+        write_trace(Path(trace_file), [run for run, _ in runs], pools)
+    return result
+
+
+def check_writable(path: Path) -> None:
+    """An output file must be writable before the simulation starts."""
+    if path.is_dir():
+        raise ShardscopeError(f"{path} is a folder; give a file name")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise ShardscopeError(f"{parent} does not exist; create it or write elsewhere")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ShardscopeError(f"{path} is not writable")
+
+
+def parse_disaggregate(text: str, replicas: int) -> tuple[int, int]:
+    """`P:D` with P + D dividing the replicas: the pools take replicas in that ratio."""
+    try:
+        p, dd = (int(x) for x in text.strip().split(":"))
+    except ValueError:
+        raise ShardscopeError(f"--disaggregate {text!r}: expected P:D, e.g. 1:1") from None
+    if p < 1 or dd < 1:
+        raise ShardscopeError(f"--disaggregate {text!r}: both pools need at least one replica")
+    if replicas % (p + dd):
+        raise ShardscopeError(
+            f"--disaggregate {text}: {replicas} replicas (gpus / (tp x pp)) do not split {p}:{dd}; "
+            f"give --gpus a multiple of {(p + dd)} x tp x pp"
+        )
+    scale = replicas // (p + dd)
+    return p * scale, dd * scale
+
+
+def kv_transfer_s(d: Deployment, tokens: int) -> float:
+    """A prompt's KV from a prefill replica to a decode replica over the cluster network: each of the TP
+    ranks sends its shard (`kv_bytes_per_token` per token) through its own NIC, in parallel."""
+    c = d.cluster
+    return c.scaleout_latency_s + tokens * kv_bytes_per_token(d) / (c.scaleout_gbps * 1e9)
+
+
+def _disaggregated(
+    sim_reqs: list[Request], reqs: list[Request], pools: tuple[int, int], cost: IterationCost, eng: Engine,
+    mem: Memory, d: Deployment, trace: bool,
+) -> tuple[Runs, float]:  # fmt: skip
+    """Prefill replicas run each prompt and sample its first token; its KV then crosses the network to a
+    decode replica (round-robin in hand-off order), which decodes the rest. TTFT = first token on the
+    prefill replica + the transfer."""
+    n_p, n_d = pools
+    first = [math.nan] * len(reqs)
+    runs: Runs = []
+    for r in range(n_p):
+        idx = list(range(r, len(reqs), n_p))
+        share = [Request(sim_reqs[i].arrival_s, sim_reqs[i].input_len, 1) for i in idx]
+        run = simulate_replica(share, cost, eng, mem.kv_blocks, trace=trace)
+        for j, i in enumerate(idx):
+            first[i] = run.first_token_s[j] + kv_transfer_s(d, reqs[i].input_len)
+        # the prefill pool's run, counted for its iterations and occupancy; its requests finish elsewhere
+        run.finish_s = [math.nan] * len(idx)
+        runs.append((run, [reqs[i] for i in idx]))
+    transfer = sum(kv_transfer_s(d, r.input_len) for r in reqs) / len(reqs)
+    order = sorted(range(len(reqs)), key=lambda i: first[i])
+    for r in range(n_d):
+        idx = order[r::n_d]
+        share = [Request(first[i], sim_reqs[i].input_len, sim_reqs[i].output_len) for i in idx]
+        todo = [j for j, q in enumerate(share) if q.output_len > 1]
+        run = simulate_replica([share[j] for j in todo], cost, eng, mem.kv_blocks, trace=trace, prefilled=True)
+        finish = [first[i] for i in idx]  # one-token requests end at their first token
+        for k, j in enumerate(todo):
+            finish[j] = run.finish_s[k]
+        run.arrival_s = [reqs[i].arrival_s for i in idx]
+        run.first_token_s = [first[i] for i in idx]
+        run.finish_s = finish
+        runs.append((run, [reqs[i] for i in idx]))
+    return runs, transfer
+
+
+def write_trace(path: Path, runs: list[ReplicaRun], pools: tuple[int, int] | None) -> None:
+    """Chrome-trace JSON (chrome://tracing, Perfetto): a process per replica, an iteration a slice with its
+    prefill tokens and decode sequences, and the replica's KV usage as a counter."""
+    events: list[dict] = []
+    for pid, run in enumerate(runs):
+        role = "" if pools is None else (" (prefill)" if pid < pools[0] else " (decode)")
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"replica {pid}{role}"}})
+        for start, dur, prefill, decode in run.timeline or ():
+            name = "decode" if not prefill else ("prefill" if not decode else "prefill+decode")
+            events.append({"ph": "X", "name": name, "pid": pid, "tid": 0, "ts": start * 1e6, "dur": dur * 1e6,
+                           "args": {"prefill_tokens": prefill, "decode_seqs": decode}})  # fmt: skip
+        for t, used in run.kv_usage:
+            events.append({"ph": "C", "name": "KV usage", "pid": pid, "ts": t * 1e6, "args": {"used": round(used, 6)}})
+    try:
+        path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    except OSError as exc:
+        raise ShardscopeError(f"cannot write {path}: {exc.strerror}") from None
 
 
 Runs = list[tuple[ReplicaRun, list[Request]]]  # each replica's run with its share of the requests
@@ -139,9 +297,10 @@ Runs = list[tuple[ReplicaRun, list[Request]]]  # each replica's run with its sha
 def _summarise(
     model: str, gpu: str, gpus: int, tp: int, pp: int, dp: int, eng: Engine, precision: str, mode: str,
     rate: float, concurrency: int, reqs: list[Request], runs: Runs, mem: Memory, cost: IterationCost,
+    slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
 ) -> ServeResult:  # fmt: skip
     ttft, tpot, e2e, itl = [], [], [], []
-    tokens_in = tokens_out = 0
+    tokens_in = tokens_out = good = 0
     for run, share in runs:
         for i, req in enumerate(share):
             if math.isnan(run.finish_s[i]):
@@ -150,12 +309,19 @@ def _summarise(
             total = run.finish_s[i] - run.arrival_s[i]
             ttft.append(first)
             e2e.append(total)
+            per_token = (total - first) / (req.output_len - 1) if req.output_len > 1 else 0.0
             if req.output_len > 1:
-                tpot.append((total - first) / (req.output_len - 1))
+                tpot.append(per_token)
+            # vLLM's benchmark goodput: a request counts when it meets every SLO given (TPOT 0 for one token)
+            if (slo_ttft_ms is None or first * 1e3 <= slo_ttft_ms) and (
+                slo_tpot_ms is None or per_token * 1e3 <= slo_tpot_ms
+            ):
+                good += 1
             tokens_in += req.input_len
             tokens_out += req.output_len
         itl.extend(run.itl)
-    duration = max(run.end_s for run, _ in runs)
+    finishes = [f for run, _ in runs for f in run.finish_s if not math.isnan(f)]
+    duration = max(max(run.end_s for run, _ in runs), max(finishes, default=0.0))
     mean_len = sum(r.input_len + r.output_len for r in reqs) / len(reqs)
     # The first request alone: its prefill iteration and its first decode iteration.
     prompt = reqs[0].input_len
@@ -175,4 +341,6 @@ def _summarise(
         max_kv_usage=max(run.max_kv_blocks for run, _ in runs) / mem.kv_blocks,
         mean_in_system=sum(run.occupancy_s for run, _ in runs) / duration,
         preemptions=sum(run.preemptions for run, _ in runs), iterations=sum(run.iterations for run, _ in runs),
+        slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
+        goodput_requests_per_s=None if slo_ttft_ms is None and slo_tpot_ms is None else good / duration,
     )  # fmt: skip

@@ -31,6 +31,11 @@ def print_serve(r: ServeResult, console: Console | None = None) -> None:
         ("prefill of one prompt alone", f"{r.prefill_s * 1e3:.2f} ms"),
         ("decode iteration of one request", f"{r.decode_iteration_s * 1e3:.2f} ms"),
     ]
+    if r.spec_decode:
+        rows.append(("speculative decoding", f"{r.spec_decode}: {r.tokens_per_decode_step:.2f} tokens a step"))
+    if r.disaggregate:
+        rows.append(("prefill:decode replicas", r.disaggregate))
+        rows.append(("KV transfer of one request (mean)", f"{r.kv_transfer_s * 1e3:.2f} ms"))
     for row in rows:
         head.add_row(*row)
     out.print(head)
@@ -49,6 +54,11 @@ def print_serve(r: ServeResult, console: Console | None = None) -> None:
     tput.add_row("requests/s", f"{r.requests_per_s:,.2f}")
     tput.add_row("input tokens/s", f"{r.input_tokens_per_s:,.0f}")
     tput.add_row("output tokens/s", f"{r.output_tokens_per_s:,.0f} ({r.output_tokens_per_s_per_gpu:,.0f} per GPU)")
+    if r.goodput_requests_per_s is not None:
+        slo = ", ".join(
+            f"{name} <= {v:g} ms" for name, v in (("TTFT", r.slo_ttft_ms), ("TPOT", r.slo_tpot_ms)) if v is not None
+        )
+        tput.add_row(f"goodput ({slo})", f"{r.goodput_requests_per_s:,.2f} req/s")
     tput.add_row("max KV usage", f"{r.max_kv_usage:.1%}")
     tput.add_row("preemptions", f"{r.preemptions:,}")
     out.print(tput)

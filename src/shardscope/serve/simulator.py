@@ -47,6 +47,8 @@ class ReplicaRun:
     iterations: int
     end_s: float = 0.0
     kv_usage: list[tuple[float, float]] = field(default_factory=list)  # (time, used fraction) samples
+    # with `trace`: every iteration as (start s, duration s, prefill tokens, decode sequences)
+    timeline: list[tuple[float, float, int, int]] | None = None
 
 
 def window_keys(c: int, n: int, w: int) -> float:
@@ -90,9 +92,13 @@ def simulate_replica(
     engine: Engine,
     kv_blocks: int,
     concurrency: int = 0,
+    trace: bool = False,
+    prefilled: bool = False,
 ) -> ReplicaRun:
     """Run `requests` (in arrival order) through one replica. `concurrency` > 0: a closed loop, the first
-    `concurrency` requests sent at t = 0 and each later one when a request finishes."""
+    `concurrency` requests sent at t = 0 and each later one when a request finishes. `trace`: record every
+    iteration in `timeline`. `prefilled`: requests arrive with their prompt's KV and first token (the
+    decode instance of a disaggregated deployment); their first token time is left to the caller."""
     n = len(requests)
     bs, budget_max, seqs_max = engine.block_size, engine.max_num_batched_tokens, engine.max_num_seqs
     window = cost.d.model.attention_window if cost.window_layers else 0
@@ -104,6 +110,7 @@ def simulate_replica(
     first = [math.nan] * n
     finish = [math.nan] * n
     run = ReplicaRun(arrival, first, finish, [], 0.0, 0, kv_blocks, 0, 0)
+    timeline = run.timeline = [] if trace else None
     waiting: deque[_Seq] = deque()
     running: list[_Seq] = []
     free, t, nxt, done = kv_blocks, 0.0, 0, 0
@@ -125,7 +132,10 @@ def simulate_replica(
         while nxt < released and arrival[nxt] <= t:  # arrivals up to now join the queue
             r = requests[nxt]
             run.occupancy_s += t - arrival[nxt]
-            waiting.append(_Seq(nxt, r.input_len, r.output_len))
+            if prefilled:
+                waiting.append(_Seq(nxt, r.input_len, r.output_len, 1, r.input_len, 0, arrival[nxt]))
+            else:
+                waiting.append(_Seq(nxt, r.input_len, r.output_len))
             nxt += 1
         if not running and not waiting:
             t = max(t, arrival[nxt])  # idle until the next arrival
@@ -163,6 +173,8 @@ def simulate_replica(
                     kv = total + nrun * j
                     kvw = sum_below + n_below * j + (nrun - n_below) * window if window else kv
                     dt = cost.decode_time_s(nrun, kv, kvw)
+                    if timeline is not None:
+                        timeline.append((t, dt, 0, nrun))
                     run.occupancy_s += in_sys * dt
                     t += dt
                     run.itl.append((dt, nrun))
@@ -250,6 +262,8 @@ def simulate_replica(
                 sampled += 1
         b = Batch(pt, pairs, pairs_w, dseq, dkv, dkvw, sampled)
         dt = cost.time_s(b)
+        if timeline is not None:
+            timeline.append((t, dt, pt, dseq))
         run.occupancy_s += (len(running) + len(waiting)) * dt
         t_prev, t = t, t + dt
         regular = 0
