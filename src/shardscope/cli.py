@@ -12,6 +12,7 @@ import json
 import math
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -119,6 +120,20 @@ def _plan_kwargs(plan: dict, async_tp: bool) -> dict:
 def _fail(msg: str) -> None:
     sys.stderr.write(f"error: {msg}\n")
     raise typer.Exit(2)
+
+
+def _answer(compute: Callable[[], Any], as_json: bool, show: Callable[[Any], None]) -> None:
+    """A command's answer: `compute()`'s result as JSON (its `to_dict()`) or shown by `show`; bad input
+    (a ShardscopeError) is one line and exit status 2."""
+    try:
+        result = compute()
+    except ShardscopeError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        return
+    show(result)
 
 
 @app.command()
@@ -435,31 +450,14 @@ def _is_inference_csv(file: Path) -> bool:
 def _validate_inference(file: Path, as_json: bool, rows: bool) -> None:
     from shardscope.serve.validate import print_inference_validation, run_inference_validation
 
-    try:
-        report = run_inference_validation(file)
-    except ShardscopeError as exc:
-        _fail(str(exc))
-        return
-    if as_json:
-        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
-        return
-    print_inference_validation(report, show_rows=rows)
+    _answer(lambda: run_inference_validation(file), as_json, lambda r: print_inference_validation(r, show_rows=rows))
 
 
 def _validate_rl_sync(file: Path, as_json: bool) -> None:
+    from shardscope.rl.report import print_rl_validation
     from shardscope.rl.validate import run_rl_validation
 
-    try:
-        report = run_rl_validation(file)
-    except ShardscopeError as exc:
-        _fail(str(exc))
-        return
-    if as_json:
-        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
-        return
-    from shardscope.rl.report import print_rl_validation
-
-    print_rl_validation(report)
+    _answer(lambda: run_rl_validation(file), as_json, print_rl_validation)
 
 
 @app.command()
@@ -527,24 +525,19 @@ def serve(
 ) -> None:
     """Simulate serving a model: KV capacity, TTFT/TPOT/ITL/E2E percentiles, throughput (DP = gpus/(tp*pp))."""
     from shardscope.serve.estimate import serve_estimate
+    from shardscope.serve.report import print_serve
 
-    try:
-        result = serve_estimate(
+    _answer(
+        lambda: serve_estimate(
             model, gpu=gpu, gpus=gpus, tp=tp, pp=pp, engine=engine, precision=precision, kv_dtype=kv_dtype, rate=rate,
             concurrency=concurrency, num_prompts=num_prompts, input_len=input_len, output_len=output_len,
             dataset=dataset, seed=seed, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, trace_file=trace, spec_decode=spec_decode,
             disaggregate=disaggregate,
-        )  # fmt: skip
-    except ShardscopeError as exc:
-        _fail(str(exc))
-        return
-    if as_json:
-        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
-        return
-    from shardscope.serve.report import print_serve
-
-    print_serve(result)
+        ),
+        as_json,
+        print_serve,
+    )  # fmt: skip
 
 
 app.add_typer(profile_app, name="profile")
@@ -573,21 +566,16 @@ def rl_sync(
 ) -> None:
     """Predict an RL weight update (trainer -> rollout engines): time and parts per mechanism."""
     from shardscope.rl.command import rl_sync as run
-
-    try:
-        result = run(
-            model, gpu=gpu, train=train, rollout=rollout, placement=placement, gpus=gpus, mechanism=mechanism,
-            precision=precision, quantize=quantize, bucket_gib=bucket_gib, local_experts=not full_experts,
-        )  # fmt: skip
-    except ShardscopeError as exc:
-        _fail(str(exc))
-        return
-    if as_json:
-        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
-        return
     from shardscope.rl.report import print_rl_sync
 
-    print_rl_sync(result)
+    _answer(
+        lambda: run(
+            model, gpu=gpu, train=train, rollout=rollout, placement=placement, gpus=gpus, mechanism=mechanism,
+            precision=precision, quantize=quantize, bucket_gib=bucket_gib, local_experts=not full_experts,
+        ),
+        as_json,
+        print_rl_sync,
+    )  # fmt: skip
 
 
 @app.command("rl")
@@ -619,23 +607,18 @@ def rl(
 ) -> None:
     """Predict one RL step (GRPO/PPO): rollout, reference/critic forwards, policy update, weight sync."""
     from shardscope.rl.loop import rl as run
+    from shardscope.rl.loop_report import print_rl
 
-    try:
-        result = run(
+    _answer(
+        lambda: run(
             model, search=search_split, gpu=gpu, gpus=gpus, algo=algo, prompts=prompts, samples=samples,
             input_len=input_len, output_len=output_len, train=train, rollout=rollout, placement=placement,
             mode=mode, staleness=staleness, handover=handover, rollout_gpus=rollout_gpus,
             length_median=length_median, length_sigma=length_sigma, seed=seed,
-        )  # fmt: skip
-    except ShardscopeError as exc:
-        _fail(str(exc))
-        return
-    if as_json:
-        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
-        return
-    from shardscope.rl.loop_report import print_rl
-
-    print_rl(result)
+        ),
+        as_json,
+        print_rl,
+    )  # fmt: skip
 
 
 def main() -> None:
