@@ -21,6 +21,7 @@ from shardscope.graph.common import ALL, BF16, FP32, NOT_FULL, OpGroup, Shapes, 
 from shardscope.graph.dit import dit_block_group, dit_embedding_group, dit_head_group
 from shardscope.graph.eager import as_the_stack_runs
 from shardscope.graph.fp8 import quantization_bytes
+from shardscope.graph.measured import reconcile
 from shardscope.graph.mlp import dense_mlp_group, moe_group
 from shardscope.graph.ops import Collective, Op, Saved
 from shardscope.graph.routing import RoutingLoad, routing_load
@@ -60,6 +61,8 @@ def layer_group(
         mlp, mi, mg = moe_group(model, plan, load) if kind.mlp == "moe" else dense_mlp_group(model, plan)
         attn = replace(attn, ops=tuple(scoped(attn.ops, "attn")))
         group = replace(attn + mlp, attn_ops=len(attn.ops))
+        if model.measured_blocks and kind.mlp == "dense":  # measured, no adapter: what the fields miss
+            group = reconcile(group, model, plan, kind)
     group = as_the_stack_runs(group, plan, model.norm == "rmsnorm")
     if plan.precision == "fp8":
         fwd_b, bwd_b = quantization_bytes(plan, arch, ai + mi, ag + mg)

@@ -4,7 +4,10 @@ A config.json whose family has no hand-written adapter (`models.hf`) is built on
 transformers (no weights, no memory), and its exact parameter count, standard block fields and, per
 decoder-layer kind, forward+backward FLOPs, saved-activation bytes and GEMM shapes are measured
 (`measure.meta`). The result is cached as JSON keyed by the config's hash (`measure.cache`) and turned
-into a ModelSpec (`measure.spec`).
+into a ModelSpec (`measure.spec`), whose blocks the op graph prices from what was measured where the
+standard fields fall short (`graph.measured`: GEMMs by measured shape, extra or shared norms, the eager
+score matrices of unfused attention). Mixture-of-experts blocks are measured through transformers' batched
+experts (`measure.meta`); blocks of several kinds (Mamba/SSM hybrids) are refused in one line.
 
 This module imports neither torch nor transformers: the CLI starts without them, and a cached
 measurement is read without them.

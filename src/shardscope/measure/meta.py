@@ -14,6 +14,16 @@ and a forward + backward runs every op's shape logic without computing anything.
   score matrices, the linear part everything else;
 - whether the MLP reads its input independently of the attention output (the parallel block).
 
+Mixture-of-experts blocks: transformers' default ("eager") experts loop over the experts a batch routes
+to (`nonzero`), a data-dependent shape the meta device cannot run. They are measured with transformers'
+"batched_mm" experts implementation instead: each token-expert pair gathers its expert's weights and
+multiplies them (a batched matrix-vector product), with no data-dependent shape. Every token runs top-k
+experts whichever they are, so the FLOPs per token are the model's exact ones for any routing (the meta
+device's arbitrary routing, a balanced one, a skewed one alike); the per-pair products are recorded as
+the experts' grouped GEMM (`expert_gemms`: top-k rows per token), and the gathered weight copies, which a
+grouped GEMM reads in place, are not counted as saved activations. How tokens spread over the experts
+(the hottest rank's load) is the estimator's routing model (`graph.routing`), not measured here.
+
 Nothing here runs a checkpoint's own code unless the caller allows it (`trust_remote_code`).
 """
 
@@ -63,7 +73,11 @@ def build_meta_model(cfg: dict[str, Any], source_dir: Path | None = None, trust_
             config = AutoConfig.from_pretrained(source_dir, trust_remote_code=True)
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(
-                config, attn_implementation="eager", dtype=torch.bfloat16, trust_remote_code=not native
+                config,
+                attn_implementation="eager",
+                dtype=torch.bfloat16,
+                trust_remote_code=not native,
+                **({"experts_implementation": "batched_mm"} if native else {}),  # MoE: no data-dependent shapes
             )
     except ShardscopeError:
         raise
@@ -116,9 +130,8 @@ def read_structure(model: nn.Module, layers: nn.ModuleList, order: list[str]) ->
     hidden, vocab = emb.embedding_dim, emb.num_embeddings
     layer = layers[0]
     name = type(model).__name__
-    if any(("expert" in p.lower()) for p, _ in layer.named_modules()):
-        raise ShardscopeError(f"{name}: measuring mixture-of-experts blocks is not supported yet")
     attn, other = _linears(layer)
+    moe = _moe_structure(model, layers, hidden, other)
     ran = {p: i for i, p in enumerate(order)}
     attn_ran = sorted((x for x in attn if x[0] in ran), key=lambda x: ran[x[0]])
     mlp_ran = sorted((x for x in other if x[0] in ran), key=lambda x: ran[x[0]])
@@ -126,6 +139,8 @@ def read_structure(model: nn.Module, layers: nn.ModuleList, order: list[str]) ->
     mlp_out = [mlp_ran[-1][1]] if mlp_ran else []
     attn_in = [m for _, m in attn if m.in_features == hidden and m not in attn_out]
     mlp_in = [m for _, m in other if m.in_features == hidden and m not in mlp_out]
+    if moe:  # the MLP is the experts (checked in _moe_structure); the attention is checked as a dense one's
+        mlp_out, mlp_in = attn_out, attn_in
     if not (attn_out and mlp_out and attn_in and mlp_in) or {attn_out[0].out_features, mlp_out[0].out_features} != {
         hidden
     }:
@@ -142,8 +157,8 @@ def read_structure(model: nn.Module, layers: nn.ModuleList, order: list[str]) ->
             f"{name}: attention widths (q {q_dim}, q+k+v {q_dim + kv_total}) do not split into "
             f"{heads} heads of {head_dim}"
         )
-    ffn = mlp_out[0].in_features
-    up = sum(m.out_features for m in mlp_in)
+    ffn = moe["expert_ffn"] if moe else mlp_out[0].in_features
+    up = moe.pop("up") if moe else sum(m.out_features for m in mlp_in)
     if up not in (ffn, 2 * ffn):
         raise ShardscopeError(f"{name}: MLP input width {up} is neither the FFN size {ffn} nor a gated 2x{ffn}")
     norms = _norms(layer)
@@ -181,13 +196,54 @@ def read_structure(model: nn.Module, layers: nn.ModuleList, order: list[str]) ->
         norm_bias=any(getattr(m, "bias", None) is not None for m in block_norms),
         qkv_bias=any(m.bias is not None for m in attn_in),
         out_bias=attn_out[0].bias is not None,
-        mlp_bias=any(m.bias is not None for m in mlp_in + mlp_out),
+        mlp_bias=moe.pop("bias") if moe else any(m.bias is not None for m in mlp_in + mlp_out),
         qk_norm=qk_norm,
         tied_embeddings=tied,
         lm_head_bias=out_emb is not None and getattr(out_emb, "bias", None) is not None,
         position=position,
         pos_embedding_rows=rows,
         **_attention_layout(config, len(layers)),
+    ) | ({"moe": moe} if moe else {})
+
+
+def _experts_module(layer: nn.Module) -> nn.Module | None:
+    """The module of a block holding the experts' stacked (3-D) weights, or None (a dense block)."""
+    return next((m for m in layer.modules() if any(p.dim() == 3 for p in m.parameters(recurse=False))), None)
+
+
+def _moe_structure(
+    model: nn.Module, layers: nn.ModuleList, hidden: int, other: list[tuple[str, nn.Linear]]
+) -> dict[str, Any]:
+    """The MoESpec fields of a block whose experts are stacked weights (transformers' Mixtral, Qwen2/3-MoE,
+    OLMoE layout), read from the weights' shapes: experts, the expert FFN size (and whether gated: the up
+    width), top-k (`num_experts_per_tok`), a shared expert (Qwen2-MoE: linears under a "shared" path); {} for
+    a dense block. Blocks that mix dense and MoE layers, or keep each expert as its own modules, are refused."""
+    name = type(model).__name__
+    found = [_experts_module(layer) for layer in layers]
+    experts = found[0]
+    if any(m is not None for m in found) and any(m is None for m in found):
+        raise ShardscopeError(f"{name}: dense and mixture-of-experts blocks mixed; measuring them is not supported yet")
+    if experts is None:
+        if any("expert" in p.lower() for layer in layers for p, _ in layer.named_modules()):
+            raise ShardscopeError(f"{name}: experts kept as separate modules; measuring them is not supported yet")
+        return {}
+    weights = dict(experts.named_parameters(recurse=False))
+    down, up = weights.get("down_proj"), weights.get("gate_up_proj", weights.get("up_proj"))
+    top_k = int(getattr(model.config, "num_experts_per_tok", 0) or 0)
+    if down is None or up is None or down.dim() != 3 or up.dim() != 3 or not top_k or hidden not in down.shape[1:]:
+        raise ShardscopeError(f"{name}: expert weights {sorted(weights)} are not a known layout; not supported yet")
+    ffn = down.shape[2] if down.shape[1] == hidden else down.shape[1]  # (E, h, f), or transposed (E, f, h)
+    up_width = up.shape[1] if up.shape[2] == hidden else up.shape[2]
+    shared = [m for p, m in other if "shared" in p.lower() and m.out_features == hidden]
+    return dict(
+        experts=int(down.shape[0]),
+        top_k=top_k,
+        expert_ffn=int(ffn),
+        shared_experts=len(shared),
+        shared_ffn=shared[0].in_features if shared else 0,
+        normalize_top_k=bool(getattr(model.config, "norm_topk_prob", True)),
+        up=int(up_width),  # read by read_structure (gated or not), not a MoESpec field
+        bias=any(n.endswith("bias") for n in weights),
     )
 
 
@@ -221,6 +277,8 @@ class _Meter(TorchDispatchMode):
         self.backward = False
         self.flops: defaultdict[tuple[int | None, bool], float] = defaultdict(float)
         self.gemms: defaultdict[int | None, Counter[tuple[int, int, int]]] = defaultdict(Counter)
+        # batched matrix-vector products of gathered expert weights: (token-expert pairs, N, K)
+        self.experts: defaultdict[int | None, Counter[tuple[int, int, int]]] = defaultdict(Counter)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -231,6 +289,12 @@ class _Meter(TorchDispatchMode):
             if packet in _GEMMS and not self.backward:
                 a, b = (args[0], args[1]) if packet is _aten.mm else (args[1], args[2])
                 self.gemms[self.layer][(a.shape[0], b.shape[1], a.shape[1])] += 1
+            if packet is _aten.bmm and not self.backward:
+                a, b = args[0], args[1]
+                if b.shape[2] == 1:  # (pairs, N, K) weights @ (pairs, K, 1) inputs
+                    self.experts[self.layer][(a.shape[0], a.shape[1], a.shape[2])] += 1
+                elif a.shape[1] == 1:  # (pairs, 1, K) inputs @ (pairs, K, N) transposed weights
+                    self.experts[self.layer][(a.shape[0], b.shape[2], a.shape[2])] += 1
         return out
 
 
@@ -256,6 +320,16 @@ def _reaches(start: Any, target: Any, limit: int = 5000) -> bool:
     return False
 
 
+def _gathered_weights(t: torch.Tensor) -> bool:
+    """Whether `t` is rows gathered from a parameter (`weight[expert_ids]`: the batched experts' copies)."""
+    node = t.grad_fn
+    return (
+        node is not None
+        and type(node).__name__.startswith("Index")
+        and any(n is not None and type(n).__name__ == "AccumulateGrad" for n, _ in node.next_functions)
+    )
+
+
 def _measure_pass(model: nn.Module, layers: nn.ModuleList, seq: int) -> dict[str, Any]:
     """One forward + backward of a batch of one `seq`-token sequence with a loss; per layer: FLOPs
     (forward, backward), saved-activation bytes, forward GEMM shapes; and whether layer 0 is parallel."""
@@ -270,7 +344,7 @@ def _measure_pass(model: nn.Module, layers: nn.ModuleList, seq: int) -> dict[str
         base = t
         while base._base is not None:
             base = base._base
-        if id(base) not in params and id(base) not in kept and not meter.backward:
+        if id(base) not in params and id(base) not in kept and not meter.backward and not _gathered_weights(base):
             kept[id(base)] = base
             saved[meter.layer] += base.numel() * base.element_size()
         return t
@@ -320,6 +394,7 @@ def _measure_pass(model: nn.Module, layers: nn.ModuleList, seq: int) -> dict[str
         bwd=[meter.flops[(i, True)] for i in range(n)],
         saved=[saved[i] for i in range(n)],
         gemms=[meter.gemms[i] for i in range(n)],
+        experts=[meter.experts[i] for i in range(n)],
         other_fwd=meter.flops[(None, False)],
         other_bwd=meter.flops[(None, True)],
         parallel=parallel,
@@ -369,6 +444,8 @@ def measure_config(
             continue
         # GEMM shapes with M as rows per token: M scales with the tokens, N and K are the weights' sizes.
         gemms = sorted([m / s1, n, k, c] for (m, n, k), c in one["gemms"][i].items())
+        # the experts' products: top-k rows per token of each expert's (N, K)
+        expert_gemms = sorted([m / s1, n, k, c] for (m, n, k), c in one["experts"][i].items())
         kinds[kind] = dict(
             layers=1,
             params=_params(layers[i]),
@@ -376,6 +453,7 @@ def measure_config(
             flops_bwd=_fit(one["bwd"][i], two["bwd"][i], s1, s2),
             saved_bytes=_fit(one["saved"][i], two["saved"][i], s1, s2),
             gemms=gemms,
+            expert_gemms=expert_gemms,
         )
     layer_params = [_params(layer) for layer in layers]
     return dict(

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from shardscope.errors import ShardscopeError
-from shardscope.models.spec import LayerKind, ModelSpec
+from shardscope.models.spec import MeasuredBlock, ModelSpec, MoESpec
 
 
 def spec_from_measurement(record: dict[str, Any], name: str) -> ModelSpec:
@@ -19,17 +19,32 @@ def spec_from_measurement(record: dict[str, Any], name: str) -> ModelSpec:
     try:
         fields = dict(record["structure"])
         fields["attention_pattern"] = tuple(fields.get("attention_pattern") or ())
+        if fields.get("moe"):
+            fields["moe"] = MoESpec(**fields["moe"])
         measured = f"transformers {record['transformers']} {record['architecture']}"
-        spec = ModelSpec(name=name, measured=measured, **fields)
+        blocks = tuple(_block(kind, part) for kind, part in record["kinds"].items())
+        spec = ModelSpec(name=name, measured=measured, measured_blocks=blocks, **fields)
         per_layer = [int(n) for n in record["layer_params"]]
         total = int(record["params_total"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ShardscopeError(f"malformed measurement record for {name}: {exc!r}") from None
-    standard = spec.layer_params_of(LayerKind())
+    standard = spec.layer_params_of(spec.layer_kind(0))
     # The block's excess where every block holds the same; blocks that differ leave theirs outside.
     extra_layer = per_layer[0] - standard if len(set(per_layer)) == 1 else 0
     spec = replace(spec, extra_layer_params=extra_layer)
     return replace(spec, extra_params=total - spec.params_total)
+
+
+def _block(kind: str, part: dict[str, Any]) -> MeasuredBlock:
+    """One attention kind's measured block (the record's lists as the spec's hashable tuples)."""
+
+    def pair(key: str) -> tuple[float, float]:
+        a, b = part[key]
+        return float(a), float(b)
+
+    # (rows per token, N, K, calls per pass): a projection has one row per token
+    gemms = tuple(sorted((float(m), int(n), int(k), int(c)) for m, n, k, c in part["gemms"]))
+    return MeasuredBlock(kind, pair("flops_fwd"), pair("flops_bwd"), pair("saved_bytes"), gemms)  # type: ignore[arg-type]
 
 
 def flops_per_token(record: dict[str, Any], seq_len: int) -> float:

@@ -100,6 +100,20 @@ class MoESpec:
     routed_scaling: float = 1.0  # weights scaled by this (`routed_scaling_factor`)
 
 
+@dataclass(frozen=True, slots=True)
+class MeasuredBlock:
+    """What `shardscope.measure` measured of one decoder block of an attention kind, run by transformers'
+    eager code on the meta device (batch 1, bf16, no TP), per sequence of s tokens: each pair (a, b) is
+    a·s + b·s², the s² part being the eager attention's score matrices. `gemms`: the forward GEMMs as (rows per token,
+    N, K, calls): a projection has one row per token, N its output width and K its input width."""
+
+    attention: AttentionKind
+    flops_fwd: tuple[float, float]
+    flops_bwd: tuple[float, float]
+    saved_bytes: tuple[float, float]
+    gemms: tuple[tuple[float, int, int, int], ...]
+
+
 class LayerKind(NamedTuple):
     """What distinguishes one transformer block from another in the cost model."""
 
@@ -157,6 +171,8 @@ class ModelSpec(Memoised):
     parallel_block: bool = False
     extra_layer_params: int = 0
     extra_params: int = 0
+    # Per attention kind, the block as measured (`graph.measured` prices what the fields above miss).
+    measured_blocks: tuple[MeasuredBlock, ...] = ()
     # Derived figures of this immutable spec (layer kinds, per-rank parameter counts), kept for the
     # planner, which asks them for thousands of plans.
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
