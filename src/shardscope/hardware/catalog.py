@@ -43,6 +43,7 @@ class GPU:
     matmul_burst_fraction: float
     matmul_sustained_fraction: float
     fp8_matmul_sustained_fraction: float | None = None
+    fp4_tflops: float | None = None  # dense FP4 (NVFP4) tensor peak; None where the chip has no FP4 tensor cores
     attention_fwd_scale: float = 1.0  # flash-attention forward speed over its architecture's figures
     pcie_gbps: float = 25.0  # host link per GPU per direction (achieved)
     tdp_w: float | None = None  # board power limit the sustained fractions were measured at
@@ -67,6 +68,10 @@ class GPU:
             if self.fp8_tflops is None:
                 raise ShardscopeError(f"{self.name} has no FP8 tensor cores (use --precision bf16)")
             return self.fp8_tflops
+        if precision == "fp4":
+            if self.fp4_tflops is None:
+                raise ShardscopeError(f"{self.name} has no FP4 tensor cores")
+            return self.fp4_tflops
         return self.bf16_tflops
 
 
