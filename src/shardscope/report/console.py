@@ -82,7 +82,7 @@ def print_estimate(est: Estimate, console: Console | None = None) -> None:
         console.print(f"[yellow]warning:[/] {w}")
 
 
-def _print_whole(console: Console, table: Table) -> None:
+def print_whole(console: Console, table: Table) -> None:
     """Print a catalog table at its natural width, wider than the terminal if need be: names and numbers
     are never cut (a narrow terminal wraps the lines instead)."""
     natural = console.measure(table, options=console.options.update_width(10_000)).maximum
@@ -130,7 +130,7 @@ def print_models(console: Console | None = None) -> None:
             str(m.vocab),
             m.mlp,
         )
-    _print_whole(console, table)
+    print_whole(console, table)
 
 
 def print_gpus(console: Console | None = None) -> None:
@@ -152,7 +152,7 @@ def print_gpus(console: Console | None = None) -> None:
             f"{g.scaleout_gbps:g}",
             f"{g.matmul_sustained_fraction:.0%}",
         )
-    _print_whole(console, table)
+    print_whole(console, table)
 
 
 def print_plans(

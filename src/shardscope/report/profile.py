@@ -8,6 +8,7 @@ from rich.table import Table
 from shardscope.hardware.profile import Profile
 from shardscope.hardware.profile.compare import ProfileDiff, summary
 from shardscope.hardware.profile.db import conditions_dict
+from shardscope.report.console import print_whole
 
 
 def print_profile(profile: Profile, console: Console | None = None) -> None:
@@ -32,7 +33,7 @@ def print_profile(profile: Profile, console: Console | None = None) -> None:
             s.family, str(s.points), s.unit, f"{s.low:,.1f}", f"{s.median:,.1f}", f"{s.high:,.1f}",
             f"{_time(s.smallest_s)} - {_time(s.largest_s)}",
         )  # fmt: skip
-    console.print(table)
+    print_whole(console, table)
 
 
 def print_diff(d: ProfileDiff, console: Console | None = None) -> None:
@@ -50,7 +51,7 @@ def print_diff(d: ProfileDiff, console: Console | None = None) -> None:
         table.add_column(col, justify="left" if col == "op" else "right")
     for f in d.families:
         table.add_row(f.family, str(f.compared), f"{f.median_ratio:.3f}", f"{f.low_ratio:.3f}", f"{f.high_ratio:.3f}")
-    console.print(table)
+    print_whole(console, table)
     if d.only_a:
         console.print(f"only in {d.a}: {', '.join(d.only_a)}")
     if d.only_b:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from shardscope.report.console import print_whole
 from shardscope.rl.command import RLSyncResult
 from shardscope.rl.sync import PARTS
 from shardscope.rl.validate import RLReport
@@ -31,7 +32,7 @@ def print_rl_sync(result: RLSyncResult, console: Console | None = None) -> None:
             e.mechanism, *cells, f"{e.total_s:.2f}", f"{e.network_bytes_per_rank / 2**30:.1f}", str(e.buckets),
             e.bottleneck,
         )  # fmt: skip
-    console.print(table)
+    print_whole(console, table)
     console.print("times in seconds; GiB in/rank: what the busiest rollout rank receives over NVLink or NICs")
     if len(result.estimates) > 1:
         console.print(f"fastest: {result.fastest.mechanism} ({result.fastest.total_s:.2f} s)")
@@ -46,7 +47,7 @@ def print_rl_validation(report: RLReport, console: Console | None = None) -> Non
         measured = f"{r.low_s:g}" if r.low_s == r.high_s else f"{r.low_s:g}-{r.high_s:g}"
         mech = r.mechanism + ("" if r.local_experts else " (full experts)")
         table.add_row(r.id, r.model, r.gpu, mech, measured, f"{r.predicted_s:.2f}", f"{r.error_pct:+.1f}", r.bottleneck)
-    console.print(table)
+    print_whole(console, table)
     console.print(f"MAPE {report.mape_pct:.1f}% over {len(report.rows)} rows; {len(report.skipped)} skipped")
     for s in report.skipped:
         console.print(f"  skipped {s['id']}: {s['reason']}")
