@@ -173,13 +173,13 @@ def estimate(
     from shardscope import estimate as run_estimate
     from shardscope.measure import trusting_remote_code
 
-    try:
+    def compute() -> Any:
         if trace is not None:
             _check_output_path(trace)
         with warnings.catch_warnings(), trusting_remote_code(trust_remote_code):
             if not as_json:  # the tables end with the estimate's warnings, these among them: say them once
                 warnings.simplefilter("ignore", ShardscopeWarning)
-            result = run_estimate(
+            return run_estimate(
                 model,
                 gpu=gpu,
                 gpus=gpus,
@@ -196,15 +196,13 @@ def estimate(
                 profile=profile,
                 **_plan_kwargs(plan, async_tp),
             )
-    except ShardscopeError as exc:
-        _fail(str(exc))
-        return
-    if as_json:
-        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
-        return
-    from shardscope.report.console import print_estimate
 
-    print_estimate(result)
+    def show(result: Any) -> None:
+        from shardscope.report.console import print_estimate
+
+        print_estimate(result)
+
+    _answer(compute, as_json, show)
 
 
 def _search_options(

@@ -34,6 +34,28 @@ class Timed:
     end_s: float
 
 
+def input_ready_s(
+    a: Action, rank: int, done: dict[tuple[str, int, int], float], layout: Layout, transfer_s: float
+) -> float | None:
+    """When `a`'s input is on `rank` (None: not produced yet), from the end times in `done`: F(m, c) after
+    F(m, prev(c)), B(m, c) after B(m, next(c)) (or its own F at the loss), W(m, c) after B(m, c), plus a
+    send/recv where the producer is on another rank."""
+
+    def after(kind: str, chunk: int) -> float | None:
+        t = done.get((kind, a.mb, chunk))
+        if t is None:
+            return None
+        return t + (transfer_s if layout.rank_of(chunk) != rank else 0.0)
+
+    if a.kind == "W":
+        return after("B", a.chunk)
+    if a.kind == "F":
+        p = layout.prev(a.chunk)
+        return 0.0 if p is None else after("F", p)
+    nxt = layout.next(a.chunk)
+    return after("F", a.chunk) if nxt is None else after("B", nxt)
+
+
 def run_schedule(
     lanes: list[list[list[Action]]],
     layout: Layout,
@@ -51,17 +73,7 @@ def run_schedule(
     out: list[list[Timed]] = [[] for _ in range(n)]
 
     def ready_time(a: Action, rank: int) -> float | None:
-        def after(kind: str, chunk: int) -> float | None:
-            t = done.get((kind, a.mb, chunk))
-            if t is None:
-                return None
-            return t + (transfer_s if layout.rank_of(chunk) != rank else 0.0)
-
-        if a.kind == "F":
-            p = layout.prev(a.chunk)
-            return 0.0 if p is None else after("F", p)
-        nxt = layout.next(a.chunk)
-        return after("F", a.chunk) if nxt is None else after("B", nxt)
+        return input_ready_s(a, rank, done, layout, transfer_s)
 
     def execute(r: int, a: Action, start: float) -> None:
         end = start + duration_s(r, a)

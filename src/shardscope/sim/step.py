@@ -38,7 +38,7 @@ from shardscope.models.spec import LayerKind, ModelSpec
 from shardscope.plan.plan import Plan, chunk_sizes
 from shardscope.records import evolve
 from shardscope.result import Estimate, TimeBreakdown
-from shardscope.sim.engine import Layout, Timed, run_schedule
+from shardscope.sim.engine import Layout, Timed, input_ready_s, run_schedule
 from shardscope.sim.schedules import Action, Unit, build_schedule, chunks_of_schedule, dualpipe_units
 from shardscope.step.core import (
     Stage,
@@ -246,19 +246,7 @@ def run_units(
     out: list[list[Timed]] = [[] for _ in range(n)]
 
     def ready_time(a: Action, rank: int) -> float | None:
-        def after(kind: str, chunk: int) -> float | None:
-            t = done.get((kind, a.mb, chunk))
-            if t is None:
-                return None
-            return t + (transfer_s if layout.rank_of(chunk) != rank else 0.0)
-
-        if a.kind == "W":  # its own backward, earlier on this rank
-            return after("B", a.chunk)
-        if a.kind == "F":
-            p = layout.prev(a.chunk)
-            return 0.0 if p is None else after("F", p)
-        nxt = layout.next(a.chunk)
-        return after("F", a.chunk) if nxt is None else after("B", nxt)
+        return input_ready_s(a, rank, done, layout, transfer_s)
 
     while any(pos[r] < len(units[r]) for r in range(n)):
         progressed = False
