@@ -57,13 +57,16 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torchtitan_qwen3_moe as qwen3  # noqa: E402  (the MoE model, `--model qwen3-30b-a3b`)
 
 IGNORE_INDEX = -100
 TORCHTITAN_REF = {
@@ -368,10 +371,18 @@ def get_mesh(device: torch.device):
     return _MESH["mesh"]
 
 
-def build(route: str, mode: str, a: ModelArgs, device: torch.device, ac: str = "none") -> Setup:
+def is_moe(a) -> bool:
+    return isinstance(a, qwen3.Qwen3Args)
+
+
+def compile_blocks(model: nn.Module) -> None:
+    (qwen3.apply_compile if isinstance(model, qwen3.Qwen3MoE) else apply_compile)(model)
+
+
+def build(route: str, mode: str, a, device: torch.device, ac: str = "none") -> Setup:
     """Meta-device model -> AC -> compile -> (FSDP) -> to_empty -> init_weights, in torchtitan's order."""
     with torch.device("meta"):
-        model = Transformer(a)
+        model = qwen3.Qwen3MoE(a) if is_moe(a) else Transformer(a)
     if ac == "op":
         apply_op_sac(model)
     if route == "bf16copy":
@@ -382,12 +393,12 @@ def build(route: str, mode: str, a: ModelArgs, device: torch.device, ac: str = "
             for prm in work.parameters():  # params only: Module.to(bf16) would also cast the complex freqs_cis
                 prm.data = prm.data.to(torch.bfloat16)
         if mode == "compile":
-            apply_compile(work)
+            compile_blocks(work)
         s = Setup(route, model, work, list(model.parameters()), contextlib.nullcontext())
         s.work_params = list(work.parameters())
         return s
     if mode == "compile":
-        apply_compile(model)
+        compile_blocks(model)
     if route == "fsdp":
         apply_fsdp(model, get_mesh(device))
     model.to_empty(device=device)
@@ -418,6 +429,26 @@ class Clock:
             torch.cuda.synchronize()
 
 
+def kernel_table(step, clock: Clock, top: int = 150) -> dict:
+    """One more step under torch.profiler: per op and per kernel, GPU time (us, total and self) and calls,
+    the `top` largest by self GPU time, to hold against the estimate op by op."""
+    try:
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=acts) as prof:
+            step()
+            clock.sync()
+        rows = []
+        for e in prof.key_averages():
+            total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            own = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+            if total > 0:
+                rows.append([e.key[:200], round(own, 1), round(total, 1), e.count])
+        rows.sort(key=lambda r: -r[1])
+        return {"kernels_us": rows[:top], "kernels_columns": ["name", "self_gpu_us", "gpu_us", "calls"]}
+    except Exception as e:  # noqa: BLE001
+        return {"kernels_error": f"{type(e).__name__}: {e}"[:1000]}
+
+
 def gib(x: int) -> float:
     return round(x / 2**30, 3)
 
@@ -425,7 +456,7 @@ def gib(x: int) -> float:
 def run_config(route: str, mode: str, n_layers: int, opts, device: torch.device) -> dict:
     cuda = device.type == "cuda"
     clock = Clock(cuda)
-    a = ModelArgs(**{**asdict(opts.model_args), "n_layers": n_layers})
+    a = replace(opts.model_args, n_layers=n_layers)
     rec: dict = {
         "route": route,
         "mode": mode,
@@ -441,9 +472,13 @@ def run_config(route: str, mode: str, n_layers: int, opts, device: torch.device)
             torch.cuda.reset_peak_memory_stats()
         setup = build(route, mode, a, device, opts.ac)
         rec["n_params"] = sum(p.numel() for p in setup.params)
-        fc = setup.forward_model.freqs_cis
-        assert fc.dtype == torch.complex64 and fc.shape == (opts.seq_len, a.dim // a.n_heads // 2), fc.dtype
-        rec["flops_per_step"] = flops_per_step(a, setup.model, opts.batch, opts.seq_len)
+        if is_moe(a):
+            rec["flops_per_step"] = qwen3.flops_per_step(a, setup.model, opts.batch, opts.seq_len)
+            rec["n_active_params"] = qwen3.active_params(setup.model, a)
+        else:
+            fc = setup.forward_model.freqs_cis
+            assert fc.dtype == torch.complex64 and fc.shape == (opts.seq_len, a.dim // a.n_heads // 2), fc.dtype
+            rec["flops_per_step"] = flops_per_step(a, setup.model, opts.batch, opts.seq_len)
         optimizer = torch.optim.AdamW(
             setup.params, lr=8e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=cuda, foreach=not cuda
         )
@@ -519,6 +554,8 @@ def run_config(route: str, mode: str, n_layers: int, opts, device: torch.device)
             f"  step {rec['step_ms']:.1f} ms (fwd+bwd {rec['fwd_bwd_ms']:.1f}, clip {rec['clip_ms']:.1f}, "
             f"opt {rec['opt_ms']:.1f}), peak {rec.get('peak_mem_gib')} GiB"
         )
+        if cuda and opts.kernel_table:
+            rec.update(kernel_table(step, clock))
         # forward only (grad enabled, same graphs as training; the autograd graph is dropped unused)
         try:
             optimizer.zero_grad()
@@ -558,9 +595,9 @@ def run_config(route: str, mode: str, n_layers: int, opts, device: torch.device)
 # -------------------------------------------------------------------------------------- environment
 
 
-def probe_sdpa(a: ModelArgs, seq: int, device: torch.device) -> dict:
+def probe_sdpa(a, seq: int, device: torch.device) -> dict:
     """Which SDPA kernel runs (aten op names seen by the profiler), torchtitan priority vs default, + timing."""
-    hd = a.dim // a.n_heads
+    hd = a.head_dim if is_moe(a) else a.dim // a.n_heads
     out = {}
     for name, backends in (("torchtitan_priority", TORCHTITAN_SDPA_BACKENDS), ("default_priority", None)):
         try:
@@ -664,7 +701,8 @@ def summary(configs: list[dict]) -> str:
 
 def parse(argv: list[str]):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("out_dir", nargs="?", help="where torchtitan_llama_step.json goes")
+    ap.add_argument("out_dir", nargs="?", help="where torchtitan_llama_step.json (or _qwen3_moe_) goes")
+    ap.add_argument("--model", choices=["llama3-8b", "qwen3-30b-a3b"], default="llama3-8b")
     ap.add_argument("--cpu-smoke", action="store_true", help="toy sizes on the CPU (dim 64, 2 layers, seq 32)")
     ap.add_argument("--smoke-compile", action="store_true", help="with --cpu-smoke: also the compile mode")
     ap.add_argument("--layers", default="2,4")
@@ -681,17 +719,26 @@ def parse(argv: list[str]):
         default="torchtitan",
         help="torchtitan: its sdpa_kernel([cuDNN, flash, math], set_priority=True); default: none",
     )
+    ap.add_argument("--kernel-table", action="store_true", help="profile one more step: GPU time per op/kernel")
     ap.add_argument("--budget-s", type=float, default=225.0, help="configurations not started by then are skipped")
     ap.add_argument("--ac", choices=["none", "op"], default="none", help="op: torchtitan's selective op AC per block")
     opts = ap.parse_args(argv)
-    if opts.cpu_smoke:
+    if opts.cpu_smoke and opts.model == "qwen3-30b-a3b":
+        opts.model_args = qwen3.Qwen3Args(
+            dim=64, n_heads=4, n_kv_heads=2, head_dim=16, vocab_size=256, moe_inter_dim=32, num_experts=8, top_k=2,
+            max_seq_len=32, sdpa=opts.sdpa,
+        )  # fmt: skip
+    elif opts.cpu_smoke:
         opts.model_args = ModelArgs(
             dim=64, n_heads=4, n_kv_heads=2, vocab_size=256, multiple_of=32, max_seq_len=32, sdpa=opts.sdpa
         )
+    if opts.cpu_smoke:
         opts.layers, opts.seq_len, opts.batch = "2", 32, 1
         opts.modes = "eager,compile" if opts.smoke_compile else "eager"
         opts.routes = "fsdp,bf16copy,autocast"
         opts.warmup, opts.steps, opts.fwd_reps = 1, 2, 1
+    elif opts.model == "qwen3-30b-a3b":
+        opts.model_args = qwen3.Qwen3Args(max_seq_len=opts.seq_len, sdpa=opts.sdpa)
     else:
         opts.model_args = ModelArgs(max_seq_len=opts.seq_len, sdpa=opts.sdpa)
     return opts
@@ -709,7 +756,8 @@ def main(argv: list[str]) -> int:
     device = torch.device("cpu") if opts.cpu_smoke else torch.device("cuda", 0)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    out_path = Path(opts.out_dir) / "torchtitan_llama_step.json" if opts.out_dir else None
+    name = "torchtitan_qwen3_moe_step.json" if opts.model == "qwen3-30b-a3b" else "torchtitan_llama_step.json"
+    out_path = Path(opts.out_dir) / name if opts.out_dir else None
     if out_path:
         out_path.parent.mkdir(parents=True, exist_ok=True)
     a = opts.model_args
@@ -717,7 +765,8 @@ def main(argv: list[str]) -> int:
         "script": "bench/device/torchtitan_llama_step.py",
         "argv": argv,
         "torchtitan_reference": TORCHTITAN_REF,
-        "model_args": {**asdict(a), "ffn_hidden_dim": ffn_hidden_dim(a)},
+        "model": opts.model,
+        "model_args": asdict(a) if is_moe(a) else {**asdict(a), "ffn_hidden_dim": ffn_hidden_dim(a)},
         "env": environment(device),
         "configs": [],
     }

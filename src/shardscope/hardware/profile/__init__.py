@@ -3,6 +3,7 @@ built from the project's measurements (`shipped`), and `load_profile` by shipped
 
 from __future__ import annotations
 
+import gzip
 import sqlite3
 from functools import cache
 from importlib import resources
@@ -50,11 +51,13 @@ def _shipped(name: str) -> Profile:
 
 
 def load_profile(ref: str | Path) -> Profile:
-    """A profile by shipped name (case-insensitive, e.g. "H100") or by file (`.db` SQLite, or `.sql` text)."""
+    """A profile by shipped name (case-insensitive, e.g. "H100") or by file (`.db` SQLite, `.sql` text, `.sql.gz`)."""
     path = Path(ref)
     if path.is_file():
         if path.suffix == ".sql":
             return _from_sql(path.read_text(), str(path))
+        if path.suffixes[-2:] == [".sql", ".gz"]:
+            return _from_sql(gzip.decompress(path.read_bytes()).decode(), str(path))
         return _from_connection(sqlite3.connect(f"file:{path}?mode=ro", uri=True), str(path))
     names = shipped_names()
     match = next((n for n in names if n.lower() == str(ref).strip().lower()), None)

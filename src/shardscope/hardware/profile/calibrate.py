@@ -3,7 +3,8 @@
 Measured, in this order, until the time budget is spent (a coarse pass over every kind first, so a short
 budget still covers each kind sparsely, then the grids are filled in):
   * dense GEMMs (BF16; FP8 per-tensor `torch._scaled_mm` where the GPU has FP8 tensor cores) over tokens x
-    widths from 512 to 32k, and grouped GEMMs (MoE experts: 2-32 problems issued round-robin over four
+    widths from 512 to 32k, decode-sized ones (1 to 256 rows, where reading the weight is the cost), and
+    grouped GEMMs (MoE experts: 2-32 problems issued round-robin over four
     streams, as Transformer Engine issues them), each as a CUDA-graph replay: GPU time without host cost;
   * flash attention through PyTorch SDPA, each back end present (cuDNN, FlashAttention-2), forward and
     backward, causal and not, head dims 64 / 128 / 192+128 (MLA), 1k to 32k queries, 8 to 128 heads;
@@ -39,6 +40,7 @@ MAX_GEMM_FLOPS = 4e12  # larger GEMMs add time, not information (a few ms each a
 MAX_ATTENTION_FLOPS = 4e13
 GEMM_SIZES = (512, 1024, 2048, 4096, 8192, 16384, 32768)  # tokens and widths, a factor of 2 apart
 UNALIGNED_K = (1040, 2064, 4112, 8208)  # token counts not a multiple of 128 (wgrad depth): other kernels
+DECODE_ROWS = (1, 4, 16, 64, 256)  # a serving engine's decode batch: GEMMs that read weights, not compute
 GROUPS = (2, 4, 8, 16, 32)
 EXPERT_ROWS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 EXPERT_WIDTHS = (512, 1024, 2048, 4096, 8192)
@@ -226,6 +228,11 @@ def gemm_cases(torch: Any, fp8: bool, coarse: bool) -> Iterator[Case]:
             for n in sizes:
                 for k in (*sizes, *(() if coarse else UNALIGNED_K)):
                     if 2.0 * m * n * k <= MAX_GEMM_FLOPS:
+                        yield _gemm_case(torch, dtype, 1, m, n, k)
+        for m in DECODE_ROWS[::2] if coarse else DECODE_ROWS[1::2]:
+            for n in sizes:
+                for k in sizes:
+                    if n >= 1024 and k >= 1024:
                         yield _gemm_case(torch, dtype, 1, m, n, k)
         for g in GROUPS if not coarse else (4, 16):
             for m in rows:
@@ -462,7 +469,7 @@ def run_calibration(out: Path, budget_s: float, name: str | None = None) -> int:
             *stream_cases(torch, coarse),
         ]
     gpus = torch.cuda.device_count()
-    failed = 0
+    failed: dict[str, str] = {}  # kind of case -> the first reason one could not run here
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
     ) as progress:
@@ -473,8 +480,9 @@ def run_calibration(out: Path, budget_s: float, name: str | None = None) -> int:
             progress.update(task, description=label)
             try:
                 points += run()
-            except (RuntimeError, torch.cuda.OutOfMemoryError):  # a shape or back end this GPU cannot run
-                failed += 1
+            except Exception as e:  # noqa: BLE001 - a shape or back end this GPU cannot run: measure the rest
+                failed.setdefault(label.split()[0], f"{label}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+                failed[label] = ""
             torch.cuda.empty_cache()
             progress.advance(task)
         done = int(progress.tasks[0].completed)
@@ -485,8 +493,11 @@ def run_calibration(out: Path, budget_s: float, name: str | None = None) -> int:
         out, name or catalog, catalog, [(cond, points)], notes=f"shardscope calibrate, {done} of {len(plan)} cases"
     )
     minutes = (time.time() - start) / 60
+    not_run = sum(1 for reason in failed.values() if not reason)
     console.print(
-        f"wrote {out}: {len(points)} points from {done} of {len(plan)} cases ({failed} not runnable here) in "
+        f"wrote {out}: {len(points)} points from {done} of {len(plan)} cases ({not_run} not runnable here) in "
         f"{minutes:.1f} min" + ("" if done == len(plan) else " (budget spent; a larger --budget-min measures more)")
     )
+    for reason in (r for r in failed.values() if r):
+        console.print(f"  not runnable: {reason}")
     return len(points)
