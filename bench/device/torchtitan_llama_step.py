@@ -429,14 +429,30 @@ class Clock:
             torch.cuda.synchronize()
 
 
-def kernel_table(step, clock: Clock, top: int = 150) -> dict:
+def kernel_table(step, clock: Clock, top: int = 150, trace: Path | None = None) -> dict:
     """One more step under torch.profiler: per op and per kernel, GPU time (us, total and self) and calls,
-    the `top` largest by self GPU time, to hold against the estimate op by op."""
+    the `top` largest by self GPU time, to hold against the estimate op by op. With `trace`, also the ops
+    grouped by input shapes and the step's Chrome trace (gzipped: which stream ran what, and when)."""
     try:
         acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-        with torch.profiler.profile(activities=acts) as prof:
+        with torch.profiler.profile(activities=acts, record_shapes=trace is not None) as prof:
             step()
             clock.sync()
+        out: dict = {}
+        if trace is not None:
+            import gzip
+            import tempfile
+
+            with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
+                prof.export_chrome_trace(tmp.name)
+                trace.write_bytes(gzip.compress(Path(tmp.name).read_bytes()))
+            shaped = []
+            for e in prof.key_averages(group_by_input_shape=True):
+                own = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+                if own > 0 and e.key.startswith("aten::"):
+                    shaped.append([e.key, str(e.input_shapes)[:300], round(own, 1), e.count])
+            shaped.sort(key=lambda r: -r[2])
+            out["ops_by_shape_us"] = shaped[:250]
         rows = []
         for e in prof.key_averages():
             total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
@@ -444,7 +460,7 @@ def kernel_table(step, clock: Clock, top: int = 150) -> dict:
             if total > 0:
                 rows.append([e.key[:200], round(own, 1), round(total, 1), e.count])
         rows.sort(key=lambda r: -r[1])
-        return {"kernels_us": rows[:top], "kernels_columns": ["name", "self_gpu_us", "gpu_us", "calls"]}
+        return out | {"kernels_us": rows[:top], "kernels_columns": ["name", "self_gpu_us", "gpu_us", "calls"]}
     except Exception as e:  # noqa: BLE001
         return {"kernels_error": f"{type(e).__name__}: {e}"[:1000]}
 
@@ -554,8 +570,11 @@ def run_config(route: str, mode: str, n_layers: int, opts, device: torch.device)
             f"  step {rec['step_ms']:.1f} ms (fwd+bwd {rec['fwd_bwd_ms']:.1f}, clip {rec['clip_ms']:.1f}, "
             f"opt {rec['opt_ms']:.1f}), peak {rec.get('peak_mem_gib')} GiB"
         )
-        if cuda and opts.kernel_table:
-            rec.update(kernel_table(step, clock))
+        if cuda and (opts.kernel_table or opts.trace_step):
+            trace = None
+            if opts.trace_step and opts.out_dir:
+                trace = Path(opts.out_dir) / f"trace_{opts.model}_{mode}_L{n_layers}.json.gz"
+            rec.update(kernel_table(step, clock, trace=trace))
         # forward only (grad enabled, same graphs as training; the autograd graph is dropped unused)
         try:
             optimizer.zero_grad()
@@ -720,6 +739,7 @@ def parse(argv: list[str]):
         help="torchtitan: its sdpa_kernel([cuDNN, flash, math], set_priority=True); default: none",
     )
     ap.add_argument("--kernel-table", action="store_true", help="profile one more step: GPU time per op/kernel")
+    ap.add_argument("--trace-step", action="store_true", help="also ops by input shape and a gzipped Chrome trace")
     ap.add_argument("--budget-s", type=float, default=225.0, help="configurations not started by then are skipped")
     ap.add_argument("--ac", choices=["none", "op"], default="none", help="op: torchtitan's selective op AC per block")
     opts = ap.parse_args(argv)

@@ -9,6 +9,7 @@ from shardscope.costs.efficiency import (
     ATEN_HBM_FRACTION,
     HBM_FRACTION,
     KERNEL_GAP_S,
+    SCATTER_HBM_FRACTION,
     attention_fraction,
     attention_grid_fill,
     gemm_fraction,
@@ -109,6 +110,8 @@ def op_time_s(gpu: GPU, op: Op, backward: bool, plan: Plan) -> float:
         sinks = SINK_BWD_ROW_S * op.query_rows if backward and op.sinks else 0.0
         return max(flops / (gpu.bf16_tflops * 1e12 * frac), io) + sinks + gaps
     nbytes = op.bwd_bytes if backward else op.bytes
+    if op.scatter:
+        return nbytes / (gpu.hbm_gbps * 1e9 * SCATTER_HBM_FRACTION) + gaps
     return memory_time_s(gpu, nbytes, op.aten) + gaps
 
 

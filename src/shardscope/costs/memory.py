@@ -126,6 +126,17 @@ def _rank_params_local(model: ModelSpec, plan: Plan, rank: int) -> tuple[float, 
     return dense, expert
 
 
+def end_params_local(model: ModelSpec, plan: Plan) -> tuple[float, float]:
+    """(embedding, output head) parameters on one GPU of the first and of the last pipeline rank, as
+    `_rank_params_local` counts them (a DiT's embedders and head)."""
+    if model.dit is not None:
+        return model.dit_embedder_params(), model.dit_head_params()
+    vocab_rows = model.vocab * model.hidden / plan.tp
+    embedding = vocab_rows + model.pos_embedding_rows * model.hidden + model.extra_params
+    head = model.norm_params + (vocab_rows if not model.tied_embeddings or plan.pp > 1 else 0.0)
+    return embedding, head
+
+
 def mtp_params_local(model: ModelSpec, plan: Plan) -> tuple[float, float]:
     """(dense, expert) parameters of the MTP modules on one GPU of their pipeline rank: three norms, the
     2h→h projection (TP-split) and a block whose routed experts split over EP like any MoE layer's. The
@@ -305,12 +316,14 @@ def buffer_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int, ar
     buf = 0.0
     biggest, gathered = _rank_layer_params(model, plan, stage)
     copy = weight_copy_bytes_per_param(plan, arch) if plan.precision == "fp8" else 0.0
-    sharded = (plan.fsdp or plan.zero == 3) and plan.shard_size > 1
+    # PyTorch FSDP gathers into and reduces out of buffers over a shard group of one GPU too (`costs.fsdp`)
+    sharded = plan.fsdp or (plan.zero == 3 and plan.shard_size > 1)
+    gather = copy if plan.fp8_params else BF16
+    in_layer = at_loss = 0.0  # the two moments the peak can fall on (a layer's backward, the loss's)
     if sharded:
-        # Current + prefetched gathered layers (bf16, or the FP8 copies themselves with FP8 parameters) and
-        # an unsharded fp32 gradient being reduce-scattered.
-        gather = copy if plan.fp8_params else BF16
-        buf += (1 + plan.fsdp_prefetch) * gather * biggest + FP32 * biggest
+        # A layer's backward: current + prefetched gathered layers (bf16, or the FP8 copies themselves with
+        # FP8 parameters) and an unsharded fp32 gradient being reduce-scattered.
+        in_layer = (1 + plan.fsdp_prefetch) * gather * biggest + FP32 * biggest
         if plan.reshard_after_forward:
             gathered = (1 + plan.fsdp_prefetch) * biggest
         else:
@@ -319,9 +332,15 @@ def buffer_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int, ar
         buf += copy * gathered
     if stage == plan.pp - 1:
         # Loss backward: fp32 gradient of the logits and its bf16 cast for the output GEMM (a fused kernel
-        # writes the bf16 gradient directly).
+        # writes the bf16 gradient directly). Under FSDP the last layer is still gathered (torchtitan and
+        # FSDP2 keep it for the backward that follows), and so is the output layer; once its backward has
+        # consumed the logits' gradient, its bf16 weight gradient is copied into the fp32 reduce buffer.
         logits = graph.tokens * model.vocab / plan.tp
-        buf += (BF16 if plan.fused_loss else FP32 + BF16) * logits
+        at_loss = (BF16 if plan.fused_loss else FP32 + BF16) * logits
+        if plan.fsdp:  # (ZeRO-3 reduces its gradients in buckets, not an FSDP unit at a time)
+            head = end_params_local(model, plan)[1]
+            at_loss = gather * (biggest + head) + max(at_loss, (BF16 + FP32) * head)
+    buf += max(in_layer, at_loss)
     if plan.pp > 1:
         buf += 2 * 2 * graph.boundary_bytes  # send/recv buffers, forward and backward
     return buf

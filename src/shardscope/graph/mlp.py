@@ -256,9 +256,17 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     padded = plan.capacity_factor > 0 and plan.pad_to_capacity
     flex = plan.ep_dispatch != "flat"
     sized = plan.capacity_factor > 0 or (sh.fp8 and plan.moe_router_padding)
-    waits_to_permute = not padded and sized and not flex
-    waits_to_dispatch = not padded and not waits_to_permute
+    # torchtitan's indexing pads the groups on the GPU (`generate_permute_indices`): it never waits
+    index = plan.moe_permute == "index"
+    waits_to_permute = not padded and sized and not flex and not index
+    waits_to_dispatch = not padded and not waits_to_permute and not index
     moved = BF16 * tm * h + perm
+    rows = BF16 * routed * h  # one pass over the rows the experts compute
+    if index:
+        # torchtitan 0.2 (models/moe/moe.py, utils.py): gather x[order // top_k], append a zero row
+        # (vstack) and gather the rows into groups padded to 8 (`indices_padding_wrapper`), each a read and
+        # a write; backward writes zeros and scatter-adds the gradients back through both gathers
+        moved = 2 * perm + 4 * rows
     if plan.ep > 1 and plan.ep_dispatch == "deepep" and not plan.deepep_fused_routing_map:
         ops.append(_deepep_routing_map(moe, plan, tm * load))
     # Megatron-Core's all-to-all dispatcher is Python whose host time is measured per stage, not per kernel
@@ -274,12 +282,14 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
         "permute",
         "memory",
         bytes=moved,
-        bwd_bytes=moved,
+        bwd_bytes=2 * rows + BF16 * tm * h if index else moved,
         scope="moe_preprocess",
         host_sync=waits_to_permute,
         call=in_call,
     )
     ops.append(permute)
+    if index:
+        ops.append(Op("permute grad scatter-add", "memory", bwd_bytes=2 * perm + 2 * rows, scatter=True))
     dispatch = load * perm
     sent_after = "router top-k" if flex else permute.name
 
@@ -422,7 +432,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     if plan.fused_swiglu:  # Megatron-Core weights each row inside the activation (it keeps the weights)
         saved.append(Saved("expert routing weights", FP32 * routed, NOT_FULL))
     else:  # the weighted sum after the un-permute keeps the expert outputs for the weights' gradient
-        saved.append(Saved("expert outputs", BF16 * routed * h, NOT_FULL))
+        saved.append(Saved("expert outputs", (FP32 if index else BF16) * routed * h, NOT_FULL))
     if sort_chunks:
         ops.append(Op("unsort chunks", "memory", bytes=sort_bytes, bwd_bytes=sort_bytes, call=in_call))
     # the all-to-all dispatcher combines before its un-permute, DeepEP and HybridEP after theirs
@@ -441,7 +451,18 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
     # backward scatters the output gradient to the rows; unfused, it also reads the expert outputs
     unpermute_bwd = (1 if plan.fused_swiglu else 2) * perm + BF16 * tm * h
     combine_call = "a2a_combine" if a2a_calls else ""
-    ops.append(Op(unpermute, "memory", bytes=perm + BF16 * tm * h, bwd_bytes=unpermute_bwd, call=combine_call))
+    if index:
+        # torchtitan: scatter the expert rows out of their padded groups and into a zero-filled (tokens x
+        # top_k) buffer (`index_put_`), cast it to fp32 (saved for the weights' gradient) and `bmm` it with
+        # the routing weights in fp32, cast back. Backward: the weights' fp32 outer product (a scatter-class
+        # write), the scores' gemv, the cast back, gathers of the gradient through both scatters, and the sum
+        # of the gate and up projections' input gradients (separate grouped GEMMs)
+        th = BF16 * tm * h
+        ops.append(Op("unpermute scatter", "memory", bytes=2 * rows + 2 * perm, bwd_bytes=2 * perm, scatter=True))
+        ops.append(Op("expert outputs to fp32", "memory", bytes=3 * perm, bwd_bytes=3 * perm, aten=True))
+        ops.append(Op(unpermute, "memory", bytes=3 * perm + 5 * th, bwd_bytes=4 * perm + 5 * rows + th))
+    else:
+        ops.append(Op(unpermute, "memory", bytes=perm + BF16 * tm * h, bwd_bytes=unpermute_bwd, call=combine_call))
     ops[moe_start[0] :] = tagged(ops[moe_start[0] :], "moe")
     saved[moe_start[1] :] = tagged(saved[moe_start[1] :], "moe")
     ops.append(residual("mlp residual add", model, t_sp))

@@ -56,6 +56,7 @@ class Op:
     query_rows: int = 0  # attention: (sequence, head, query) rows this GPU's kernel runs (0: not stated)
     sinks: bool = False  # attention: a learned sink logit per head (its gradient costs the backward a pass)
     aten: bool = False  # memory: eager PyTorch kernels over strided, broadcast or mixed-precision operands
+    scatter: bool = False  # memory: index scatters (`costs.efficiency.SCATTER_HBM_FRACTION`)
     call: str = ""  # a framework call whose measured host time replaces its launches' (costs.host.CALLS)
     role: str = ""  # "norm" / "rope": an elementwise region a stack may run fused or as eager ATen ops
 

@@ -30,6 +30,7 @@ CUDA_GRAPH_SCOPES: tuple[str, ...] = ("attn", "mlp", "moe_router", "moe_preproce
 MOMENT_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}  # each of Adam's m, v per parameter
 MAIN_GRAD_BYTES = {"fp32": 4, "bf16": 2}
 EP_DISPATCHERS = ("flat", "deepep", "hybridep")
+MOE_PERMUTES = ("megatron", "index")
 # Megatron-Core `--recompute-modules` (selective granularity): each re-runs its ops in backward instead of
 # keeping what they save. layernorm: the input and pre-MLP norms; mla_up_proj: MLA up-projections + RoPE
 # (q, k, v are rebuilt from the latents); core_attn: the attention kernel; moe_act / mlp / moe /
@@ -84,6 +85,9 @@ class Plan:
     # sharding
     zero: int = opt(0, "sharding", "ZeRO stage 0-3 (Megatron-style state)", choices=(0, 1, 2, 3))
     fsdp: bool = opt(False, "sharding", "PyTorch FSDP (full shard); see --shard-group, --reshard")
+    # FSDP2 (`fully_shard`, per-parameter DTensors) copies each gathered weight out of the all-gather buffer
+    # and concatenates the gradients into the reduce buffer; FSDP1's flat parameter is a view (costs.fsdp)
+    fsdp2: bool = opt(True, "sharding", "with --fsdp: FSDP2 (fully_shard); off: FSDP1's flat parameters")
     shard_group: int = opt(0, "sharding", "HSDP shard-group size (0 = all of dp)")
     reshard_after_forward: bool = opt(True, "sharding", "FSDP reshard after forward", flag="reshard")
     fsdp_prefetch: int = opt(1, "sharding", "FSDP layers gathered ahead of the one computing (0 = no overlap)")
@@ -155,6 +159,10 @@ class Plan:
     # MoE token dispatcher: NCCL all-to-all (a copy per token-expert pair), or DeepEP / HybridEP (one copy
     # per destination node, fanned out over NVLink there)
     ep_dispatch: str = opt("flat", "moe", "MoE token dispatcher", choices=EP_DISPATCHERS, graph=True)
+    # How routed tokens reach the experts on a GPU: Megatron-Core's permute kernels (a dropless dispatcher
+    # copies the token counts to the host first), or plain PyTorch indexing as torchtitan does it
+    # (argsort, gather, groups padded by an index kernel, scatter back, fp32 weighted sum; no host sync)
+    moe_permute: str = opt("megatron", "moe", "MoE token permutation", choices=MOE_PERMUTES, graph=True)
     # kernels (the stack's; a flag overrides)
     attention_kernel: str = opt("auto", "kernels", "attention kernel", choices=ATTENTION_KERNELS, graph=True)
     causal_block_skip: bool = opt(True, "kernels", "causal flash attention skips the masked blocks", graph=True)
@@ -172,6 +180,9 @@ class Plan:
     # Megatron's `--cross-entropy-loss-fusion`) takes the softmax of the bf16 logits in registers: it keeps
     # the bf16 logits and the fp32 log-sum-exp, no fp32 copy, and writes a bf16 gradient
     fused_cross_entropy: bool = opt(False, "kernels", "fused cross-entropy: no fp32 copy of the logits", graph=True)
+    # PyTorch's clip_grad_norm_ multiplies every gradient by min(1, max_norm / norm) each step; Megatron-Core
+    # and DeepSpeed scale only when the norm exceeds the limit
+    clip_scales_always: bool = opt(False, "kernels", "gradient clipping scales every gradient each step")
     # PyTorch-native model code (torchtitan, Hugging Face): norms and RoPE as eager ATen op chains
     # (graph.eager); `compile` (per-block torch.compile) fuses them, and the SwiGLU, into Triton kernels
     eager_elementwise: bool = opt(

@@ -14,7 +14,7 @@ from shardscope.planner.cost import parse_tokens, training_cost
 from shardscope.planner.export import ExportTarget, export_target, launch_for, search_problems
 from shardscope.planner.export import export as export_plan
 from shardscope.planner.search import Candidate, SearchResult, search
-from shardscope.planner.space import SearchSpace, moe_choices
+from shardscope.planner.space import SHARDINGS, SearchSpace, moe_choices
 from shardscope.result import Estimate
 
 
@@ -71,7 +71,8 @@ def search_setup(
     from shardscope import video_seq_len
     from shardscope.stacks import load_stack
 
-    kernels = load_stack(stack or "").plan_defaults()
+    framework = load_stack(stack or "")
+    kernels = framework.plan_defaults()
     given = {"fp8_recipe": fp8_recipe, "cuda_graphs": cuda_graphs, "fused_activation": fused_activation,
              "fused_cross_entropy": fused_cross_entropy}  # fmt: skip
     # each of these: as given, else the stack's, else the search space's default; the rest are searched
@@ -85,11 +86,15 @@ def search_setup(
     check_scale(gpus, seq_len)  # before the search, as `estimate` checks before pricing
     if precision not in ("bf16", "fp8"):
         raise ShardscopeError(f"--precision must be bf16 or fp8, got {precision!r}")
+    offered = framework.value("shardings")  # what the framework can run, where its stack says
+    if offered and not set(offered) <= set(SHARDINGS):
+        raise ShardscopeError(f"stack {framework.label}: shardings must be among {', '.join(SHARDINGS)}")
     space = SearchSpace(
         precision=precision,
         kernels=tuple(sorted(kernels.items())),
         **chosen,
         **moe_choices(ep_dispatch, ep_comm_overlap),
+        **({"shardings": tuple(offered)} if offered else {}),
     )
     check_precision(precision, space.fp8_recipe, cluster.gpu)
     return spec, cluster, seq_len, space

@@ -18,9 +18,10 @@ from shardscope.errors import ShardscopeError
 # A stack's settings are Plan fields (the plan's defaults where the user sets nothing; `plan.resolve`
 # checks them against the Plan) and these, which are not: `sharding` (the data-parallel state sharding a
 # run gets when the user names none, and what a Megatron "DDP" means: with the distributed optimizer,
-# ZeRO-1) and the FLOP counter of the framework's own throughput report (`flops_attention`: causal | full;
+# ZeRO-1), the shardings the framework offers (`shardings`: what a plan search tries, `planner.space`) and
+# the FLOP counter of the framework's own throughput report (`flops_attention`: causal | full;
 # `flops_exact_glu_window`).
-STACK_ONLY_KEYS = ("sharding", "flops_attention", "flops_exact_glu_window")
+STACK_ONLY_KEYS = ("sharding", "shardings", "flops_attention", "flops_exact_glu_window")
 SHARDINGS = ("ddp", "zero1", "fsdp")
 # The stack of a run that names none: Megatron-Core with Transformer Engine, as its examples run it.
 DEFAULT_STACK = "megatron"

@@ -15,6 +15,7 @@ from operator import attrgetter
 from shardscope.costs.comm import GroupPlacement, collective_time_s, place_group
 from shardscope.costs.compute import group_times_s, memory_time_s
 from shardscope.costs.efficiency import EP_OVERLAP_FRACTION, overlap_slowdown
+from shardscope.costs.fsdp import fsdp_copy_times_s
 from shardscope.costs.host import host_stall_s, moe_graphed
 from shardscope.costs.memory import (
     CLUSTER_MEMO,
@@ -26,6 +27,7 @@ from shardscope.costs.memory import (
     activation_bytes,
     buffer_bytes,
     dense_params_local,
+    end_params_local,
     expert_params_local,
     layers_saved_bytes,
     mtp_heads,
@@ -446,7 +448,31 @@ def layers_cost(sc: StepCosts, model: ModelSpec, plan: Plan, layers: tuple[int, 
     _add_blocks(st, sc, model.kind_counts(layers[n_rec:]), False, alone)
     if layers:
         st.first_gather = sc.layers[sc.graph.kinds[layers[0]]].fsdp_gather_s
+    if plan.fsdp:
+        for kind, n in model.kind_counts(layers).items():
+            dense = dense_params_local(model, plan.tp, kind)
+            expert = expert_params_local(model, kind, plan.ep, plan.etp)
+            c = sc.layers[kind]
+            _add_fsdp_copies(st, sc, plan, dense, expert, 2, n, c.fwd.host_stall_s + c.bwd.host_stall_s)
     return st
+
+
+def _add_fsdp_copies(
+    st: Stage, sc: StepCosts, plan: Plan, dense: float, expert: float, gathers: int, n: int, stall: float = 0.0
+) -> None:
+    """Add FSDP's local copies (`costs.fsdp`) of `n` units of `dense` + `expert` parameters to one micro-batch:
+    a unit resharded after forward is gathered `gathers` times (forward, and again in backward when 2;
+    else once a step, `dp_comm`); its gradients are reduced each micro-batch. Their few large kernels keep
+    the GPU busy while the host issues the unit's other work: they absorb up to `stall` of its host wait."""
+    gather, reduce = fsdp_copy_times_s(sc.cluster.gpu, plan, dense, expert, sc.gather_bytes)
+    regather = regathers_per_micro_batch(plan)
+    fwd = gather if regather else 0.0
+    bwd = reduce + (gather if gathers > 1 and regather else 0.0)
+    absorbed = min(stall, fwd + bwd)
+    st.compute += n * (fwd + bwd - absorbed)
+    st.host_stall -= n * absorbed
+    st.fwd += n * fwd
+    st.bwd += n * bwd
 
 
 def _add_blocks(
@@ -513,6 +539,12 @@ def stage_cost(sc: StepCosts, model: ModelSpec, plan: Plan, rank: int) -> Stage:
         st.host_stall += mtp.host_stall
     for fwd, bwd in ends:
         _add_unit(st, fwd, bwd)
+    if plan.fsdp:  # the embedding (regathered for its backward) and the output layer, FSDP units of their own
+        embedding, head = end_params_local(model, plan)
+        if rank == 0:
+            _add_fsdp_copies(st, sc, plan, embedding, 0.0, 2, 1)
+        if rank == plan.pp - 1:
+            _add_fsdp_copies(st, sc, plan, head, 0.0, 1, 1)
     st.exposed += 2 * plan.vpp * sc.p2p_s  # activations / gradients to and from the neighbouring stages
     if plan.offload_activations:  # copies to the host under forward and back under backward
         saved = layers_saved_bytes(model, plan, sc.graph, layers, plan.recomputed_layers(len(layers)))
@@ -545,12 +577,19 @@ def stage_costs(sc: StepCosts, model: ModelSpec, plan: Plan) -> tuple[Stage, ...
     layout = (plan.pp, plan.vpp, plan.pp_layout, plan.mtp, plan.mtp_chunk)
     recompute = section_values(plan, "recompute")
     regather = _regather_key(plan, sc.gather_bytes)
-    key = ("stages", recompute, regather, layout, sc.p2p_s, _unpaired_key(sc, plan))
+    key = ("stages", recompute, regather, layout, sc.p2p_s, _unpaired_key(sc, plan), _fsdp_copy_key(plan))
     memo = GRAPH_MEMO.of(sc.graph, sc.cluster)
     stages = memo.get(key)
     if stages is None:
         stages = memo[key] = _stage_costs(sc, model, plan)
     return stages
+
+
+def _fsdp_copy_key(plan: Plan) -> tuple | None:
+    """What `_add_fsdp_copies` reads of the plan besides the graph (None without FSDP: it adds nothing)."""
+    if not plan.fsdp:
+        return None
+    return plan.fsdp2, plan.shard_size, plan.expert_shard_size, plan.reshard_after_forward
 
 
 def _unpaired_key(sc: StepCosts, plan: Plan) -> float | None:
@@ -640,6 +679,10 @@ def dp_comm(sc: StepCosts, model: ModelSpec, cluster: Cluster, plan: Plan, rank:
             gather += collective_time_s(cluster, "all_gather", sc.gather_bytes * expert, groups.edp)
             gather_exp = max(0.0, gather - st.fwd) + gather / n_layers
             total += gather
+            # FSDP that keeps the weights gathered casts and copies them once a step (`costs.fsdp`)
+            copies = fsdp_copy_times_s(cluster.gpu, plan, dense, expert, sc.gather_bytes)[0]
+            gather_exp += copies
+            total += copies
     if plan.offload_optimizer:  # gradient shard down to the host, under the last backward
         down = link_time_s(cluster, 2 * (dense / plan.shard_size + expert / plan.expert_shard_size))
         grad_exp += max(0.0, down - st.bwd)
@@ -653,9 +696,11 @@ def dp_comm(sc: StepCosts, model: ModelSpec, cluster: Cluster, plan: Plan, rank:
 
 def optimizer_bytes_per_param(plan: Plan) -> int:
     """HBM traffic of Adam per local parameter (memory-bound): read and write the fp32 master (8 B), read
-    the gradient for the norm and the step (2·g), read and write m and v (4·m), write the bf16 copy (2 B):
-    34 B with fp32 gradients and moments."""
-    return 8 + 2 * plan.main_grad_bytes + 4 * plan.moment_bytes + 2
+    the gradient for the norm and the step (2·g), read and write m and v (4·m), write the bf16 copy (2 B;
+    FSDP keeps none: it casts as it gathers, `costs.fsdp`): 34 B with fp32 gradients and moments. Clipping
+    that scales every gradient (`clip_scales_always`) reads and writes them once more."""
+    g = plan.main_grad_bytes
+    return 8 + 2 * g + 4 * plan.moment_bytes + (0 if plan.fsdp else 2) + (2 * g if plan.clip_scales_always else 0)
 
 
 def optimizer_params_local(model: ModelSpec, plan: Plan, rank: int) -> float:
