@@ -498,6 +498,7 @@ def serve(
     gpus: Gpus = 8,
     tp: Annotated[int, typer.Option(help="tensor-parallel size of one replica")] = 1,
     pp: Annotated[int, typer.Option(help="pipeline-parallel size of one replica (1 only, for now)")] = 1,
+    ep: Annotated[int, typer.Option(help="MoE: expert-parallel size within a replica (1 or --tp)")] = 1,
     engine: Annotated[str, typer.Option(help="serving engine: vllm | sglang | trtllm (NAME[@RELEASE])")] = "vllm",
     precision: Annotated[str, typer.Option(help="weight precision: bf16 | fp8")] = "bf16",
     kv_dtype: Annotated[str, typer.Option(help="KV-cache dtype: bf16 | fp8")] = "bf16",
@@ -531,10 +532,48 @@ def serve(
             concurrency=concurrency, num_prompts=num_prompts, input_len=input_len, output_len=output_len,
             dataset=dataset, seed=seed, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, trace_file=trace, spec_decode=spec_decode,
-            disaggregate=disaggregate,
+            disaggregate=disaggregate, ep=ep,
         ),
         as_json,
         print_serve,
+    )  # fmt: skip
+
+
+@app.command("serve-plan")
+def serve_plan(
+    model: Annotated[str, typer.Argument(help="catalog name (see `shardscope models`) or path to a config.json")],
+    gpu: Gpu = "H100",
+    gpus: Annotated[int, typer.Option(help="use at most this many GPUs")] = 8,
+    engine: Annotated[str, typer.Option(help="serving engine: vllm | sglang | trtllm (NAME[@RELEASE])")] = "vllm",
+    rate: Annotated[float | None, typer.Option(help="Poisson arrivals, requests/s (required)")] = None,
+    input_len: Annotated[int, typer.Option(help="prompt tokens (dataset fixed)")] = 1024,
+    output_len: Annotated[int, typer.Option(help="output tokens (dataset fixed)")] = 256,
+    dataset: Annotated[str, typer.Option(help="fixed | sharegpt-like (seeded log-normal lengths)")] = "fixed",
+    num_prompts: Annotated[int, typer.Option(help="requests in each deployment's simulation")] = 1000,
+    seed: Annotated[int, typer.Option(help="random seed of arrivals and lengths")] = 0,
+    precision: Annotated[str, typer.Option(help="weight precision: bf16 | fp8")] = "bf16",
+    kv_dtype: Annotated[str, typer.Option(help="KV-cache dtype: bf16 | fp8")] = "bf16",
+    slo_ttft_ms: Annotated[float | None, typer.Option(help="p90 TTFT target, ms")] = None,
+    slo_tpot_ms: Annotated[float | None, typer.Option(help="p90 TPOT target, ms")] = None,
+    disaggregate: Annotated[
+        bool, typer.Option("--disaggregate/--no-disaggregate", help="also search prefill:decode pools P:D")
+    ] = True,
+    top: Annotated[int, typer.Option(help="how many deployments to show")] = 5,
+    as_json: AsJson = False,
+) -> None:
+    """Search serving deployments (TP, EP, replicas, P:D, max seqs) on at most --gpus GPUs for the most goodput
+    requests/s per GPU that meets p90 TTFT/TPOT SLOs at the given Poisson rate."""
+    from shardscope.serve.plan import serve_plan as search
+    from shardscope.serve.report import print_serve_plan
+
+    _answer(
+        lambda: search(
+            model, gpu=gpu, gpus=gpus, engine=engine, rate=rate, input_len=input_len, output_len=output_len,
+            dataset=dataset, num_prompts=num_prompts, seed=seed, precision=precision, kv_dtype=kv_dtype,
+            slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, top=top, disaggregate=disaggregate,
+        ),
+        as_json,
+        print_serve_plan,
     )  # fmt: skip
 
 
@@ -601,9 +640,24 @@ def rl(
     length_median: Annotated[float, typer.Option(help="median response length, fraction of --output-len")] = 0.3,
     length_sigma: Annotated[float, typer.Option(help="log-normal spread of response lengths")] = 0.7,
     seed: Annotated[int, typer.Option(help="seed of the response lengths")] = 0,
+    trainer_offload: Annotated[
+        str | None,
+        typer.Option(
+            help="colocated: trainer state sent to host while the engine runs: all | optimizer | none "
+            "(default all, as NeMo-RL colocated; verl's default config: none)"
+        ),
+    ] = None,
+    gpu_memory_utilization: Annotated[
+        float | None,
+        typer.Option(help="engine's fraction of GPU memory for the memory check (default: the engine's own)"),
+    ] = None,
+    trace: Annotated[
+        Path | None, typer.Option(help="write a few steps as Chrome-trace JSON (Perfetto): pools as processes")
+    ] = None,
     as_json: AsJson = False,
 ) -> None:
-    """Predict one RL step (GRPO/PPO): rollout, reference/critic forwards, policy update, weight sync."""
+    """Predict one RL step (GRPO/PPO): rollout, reference/critic forwards, policy update, weight sync, and
+    each phase's memory per GPU (a colocated step that does not fit is refused)."""
     from shardscope.rl.loop import rl as run
     from shardscope.rl.loop_report import print_rl
 
@@ -612,7 +666,8 @@ def rl(
             model, search=search_split, gpu=gpu, gpus=gpus, algo=algo, prompts=prompts, samples=samples,
             input_len=input_len, output_len=output_len, train=train, rollout=rollout, placement=placement,
             mode=mode, staleness=staleness, handover=handover, rollout_gpus=rollout_gpus,
-            length_median=length_median, length_sigma=length_sigma, seed=seed,
+            length_median=length_median, length_sigma=length_sigma, seed=seed, trainer_offload=trainer_offload,
+            gpu_memory_utilization=gpu_memory_utilization, trace=trace,
         ),
         as_json,
         print_rl,

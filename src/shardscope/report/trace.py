@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from shardscope.errors import ShardscopeError
 from shardscope.sim.step import SimResult
 
 COMPUTE, COMM, DP, PP = 1, 2, 3, 4
@@ -23,11 +24,45 @@ def _us(seconds: float) -> float:
     return round(seconds * 1e6, 3)
 
 
-def _x(pid: int, tid: int, start: float, dur: float, name: str, **args: Any) -> dict[str, Any]:
+def complete_event(
+    pid: int, tid: int, start: float, dur: float, name: str, cat: str | None = None, **args: Any
+) -> dict[str, Any]:
+    """A complete ("X") event: `start` and `dur` in seconds, written in microseconds; `cat` its category."""
     ev = {"ph": "X", "pid": pid, "tid": tid, "ts": _us(start), "dur": _us(max(dur, 0.0)), "name": name}
+    if cat is not None:
+        ev["cat"] = cat
     if args:
         ev["args"] = args
     return ev
+
+
+_x = complete_event
+
+
+def name_events(pid: int, process: str, threads: dict[int, str]) -> list[dict[str, Any]]:
+    """Metadata ("M") events naming a process (sorted by its pid) and its threads."""
+    ev: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": process}},
+        {"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}},
+    ]
+    ev += [
+        {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": n}} for tid, n in threads.items()
+    ]
+    return ev
+
+
+def counter_event(pid: int, name: str, start: float, **values: float) -> dict[str, Any]:
+    """A counter ("C") sample at `start` seconds."""
+    return {"ph": "C", "pid": pid, "name": name, "ts": _us(start), "args": values}
+
+
+def write_chrome_trace(path: Path, events: list[dict[str, Any]], metadata: dict[str, Any]) -> None:
+    """The Chrome-trace JSON document (Perfetto, chrome://tracing) of `events`, times in microseconds."""
+    doc = {"traceEvents": events, "displayTimeUnit": "ms", "metadata": metadata}
+    try:
+        Path(path).write_text(json.dumps(doc))
+    except OSError as exc:
+        raise ShardscopeError(f"cannot write {path}: {exc.strerror}") from None
 
 
 def _draw_action(ev: list, result: SimResult, r: int, t) -> None:
@@ -177,16 +212,12 @@ def trace_events(result: SimResult) -> list[dict[str, Any]]:
 
 def write_trace(result: SimResult, path: Path) -> None:
     est = result.estimate
-    doc = {
-        "traceEvents": trace_events(result),
-        "displayTimeUnit": "ms",
-        "metadata": {
-            "model": est.model,
-            "gpu": est.gpu,
-            "gpus": est.gpus,
-            "schedule": result.schedule,
-            "step_time_s": est.step_time_s,
-            "peak_gib": est.memory.peak_gib,
-        },
+    metadata = {
+        "model": est.model,
+        "gpu": est.gpu,
+        "gpus": est.gpus,
+        "schedule": result.schedule,
+        "step_time_s": est.step_time_s,
+        "peak_gib": est.memory.peak_gib,
     }
-    Path(path).write_text(json.dumps(doc))
+    write_chrome_trace(path, trace_events(result), metadata)

@@ -24,8 +24,11 @@ Where each number comes from:
 Placements: `colocated` time-slices one pool: rollout -> hand-over -> forwards -> update -> sync. The
 hand-over frees the engine's memory for training: `free` discards the KV cache and weights (vLLM sleep
 level 2; the sync refills the weights) at no copy cost; `offload` copies the engine's weights to host memory
-and back (vLLM sleep level 1), two memory-bound PCIe copies of the weights a GPU holds. `disaggregated`
-runs the engines and the trainer on separate pools, the sync over the network.
+and back (vLLM sleep level 1), two memory-bound PCIe copies of the weights a GPU holds. The trainer's state
+that `--trainer-offload` sends to host memory while the engine generates (`rl.memory`) crosses PCIe out and
+back too, inside the hand-over. Every phase must fit the shared GPUs (`rl.memory.rl_memory`: generation,
+training, sync), else the step is refused. `disaggregated` runs the engines and the trainer on separate
+pools, the sync over the network.
 
 Modes, with `s` the staleness budget (policy versions a sample may lag the trainer):
 - `sync` (s = 0): each phase waits for the one before.
@@ -42,12 +45,22 @@ import math
 import random
 from dataclasses import asdict, dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import make_cluster
 from shardscope.models.catalog import load_model
 from shardscope.rl.layout import FSDP, RolloutLayout, TrainLayout, parse_rollout, parse_train
+from shardscope.rl.memory import (
+    TRAINER_OFFLOADS,
+    RLMemory,
+    TrainerState,
+    check_utilization,
+    engine_memory,
+    overflow_message,
+    rl_memory,
+)
 from shardscope.rl.sync import predict_sync, setup
 
 ALGOS = ("grpo", "ppo")
@@ -99,10 +112,22 @@ class TrainCost:
     critic_update_s: float  # PPO only
     fits: bool
     peak_gib: float  # the update's required memory per GPU
+    # the estimate's model state per GPU (for the phases' memory, `rl.memory`)
+    params_gib: float = 0.0
+    grads_gib: float = 0.0
+    optimizer_gib: float = 0.0
+    persistent_grads: bool = False
+    capacity_gib: float = 0.0
 
     @property
     def total_s(self) -> float:
         return self.ref_forward_s + self.critic_forward_s + self.policy_update_s + self.critic_update_s
+
+    def state(self) -> TrainerState:
+        return TrainerState(
+            params_gib=self.params_gib, grads_gib=self.grads_gib, optimizer_gib=self.optimizer_gib,
+            update_gib=self.peak_gib, persistent_grads=self.persistent_grads,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +241,9 @@ def price_train(model: str, gpu: str, layout: TrainLayout, algo: str, n: int, se
     return TrainCost(
         gpus=layout.gpus, layout=layout.label(), ref_forward_s=fwd, critic_forward_s=fwd if ppo else 0.0,
         policy_update_s=est.step_time_s, critic_update_s=est.step_time_s if ppo else 0.0, fits=est.fits,
-        peak_gib=est.memory.required_gib,
+        peak_gib=est.memory.required_gib, params_gib=est.memory.params_gib, grads_gib=est.memory.grads_gib,
+        optimizer_gib=est.memory.optimizer_gib, persistent_grads=bool(est.plan.get("persistent_grads", True)),
+        capacity_gib=est.memory.capacity_gib,
     )  # fmt: skip
 
 
@@ -243,12 +270,15 @@ class RLStep:
     critical_path: tuple[Phase, ...]
     idle_s: dict[str, float]
     samples_per_s: float
+    memory: RLMemory
+    trainer_offload_s: float = 0.0  # part of handover_s: the trainer's offloaded state out and back over PCIe
     warnings: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["rollout"]["full_s"] = self.rollout.full_s
         out["train"]["total_s"] = self.train.total_s
+        out["memory"] = self.memory.to_dict()
         out["critical_path"] = [asdict(p) for p in self.critical_path]
         out["warnings"] = list(self.warnings)
         return out
@@ -264,7 +294,8 @@ class RLResult:
         if self.split:
             out["split"] = [
                 {"rollout_gpus": s.rollout.gpus, "train_gpus": s.train.gpus, "step_s": s.step_s,
-                 "samples_per_s": s.samples_per_s} for s in self.split
+                 "samples_per_s": s.samples_per_s, "fits": s.memory.fits,
+                 **{f"{p.phase}_gib": p.peak_gib for p in s.memory.phases}} for s in self.split
             ]  # fmt: skip
         return out
 
@@ -288,9 +319,13 @@ def rl_step(
     length_median: float = DEFAULT_LENGTH_MEDIAN,
     length_sigma: float = DEFAULT_LENGTH_SIGMA,
     seed: int = 0,
+    trainer_offload: str | None = None,
+    gpu_memory_utilization: float | None = None,
 ) -> RLStep:
     """One RL step. Disaggregated: `rollout_gpus` of the `gpus` run the engines (default half), the rest
-    train; colocated: both layouts span all `gpus`."""
+    train; colocated: both layouts span all `gpus`. `trainer_offload` (colocated: all | optimizer | none,
+    default all; see `rl.memory`) and `gpu_memory_utilization` (default: the engine file's) set what each
+    phase holds; a colocated step whose phase does not fit the GPU is refused."""
     algo, placement, mode, handover = algo.lower(), placement.lower(), mode.lower(), handover.lower()
     for value, valid, what in ((algo, ALGOS, "--algo"), (placement, PLACEMENTS, "--placement"),
                                (mode, MODES, "--mode"), (handover, HANDOVERS, "--handover")):  # fmt: skip
@@ -302,6 +337,16 @@ def rl_step(
         raise ShardscopeError(f"--staleness must be non-negative, got {staleness}")
     if gpus < 2 and placement == "disaggregated":
         raise ShardscopeError("disaggregated needs at least 2 GPUs (one per pool)")
+    if trainer_offload is not None and trainer_offload.lower() not in TRAINER_OFFLOADS:
+        raise ShardscopeError(f"unknown --trainer-offload {trainer_offload!r} (valid: {', '.join(TRAINER_OFFLOADS)})")
+    if placement == "colocated":
+        offload = (trainer_offload or "all").lower()
+    elif (trainer_offload or "none").lower() != "none":
+        raise ShardscopeError(
+            "--trainer-offload applies to colocated placements (a disaggregated trainer keeps its GPUs)"
+        )
+    else:
+        offload = "none"
     spec = load_model(model)
     if placement == "colocated":
         train_gpus = roll_gpus = gpus
@@ -318,26 +363,54 @@ def rl_step(
     t = price_train(spec.name, gpu, train_layout, algo, n, input_len + max(1, round(r.mean_len)))
     s = setup(spec, gpu, train_layout, roll_layout, placement)
     fastest = min(predict_sync(s), key=lambda e: e.total_s)
-    handover_s = 0.0
-    if placement == "colocated" and handover == "offload":
-        # Out to host after the rollout, back before the next one: the engine's weights each way over PCIe.
-        handover_s = 2 * r.weights_gib_per_gpu * 2**30 / (make_cluster(gpu, gpus).gpu.pcie_gbps * 1e9)
+    # The bucket the weights travel in (checkpoint-engine double-buffers it), at most the whole payload.
+    buffer_gib = min(s.bucket_bytes, s.payload.bytes) * (2 if fastest.mechanism.startswith("ckpt") else 1) / 2**30
+    engine = engine_memory(spec.name, gpu, roll_layout, gpu_memory_utilization)
+    memory = rl_memory(placement, algo, t.state(), engine, t.capacity_gib, offload, buffer_gib)
+    if placement == "colocated" and (line := overflow_message(memory, f"colocated on {gpus}x {gpu}")):
+        raise ShardscopeError(f"{line}; {_remedy(memory)}")
+    pcie_bps = make_cluster(gpu, gpus).gpu.pcie_gbps * 1e9
+    handover_s = trainer_offload_s = 0.0
+    if placement == "colocated":
+        # Each offloaded byte of trainer state goes to host and comes back once a step.
+        trainer_offload_s = 2 * memory.offloaded_gib * 2**30 / pcie_bps
+        handover_s = trainer_offload_s
+        if handover == "offload":
+            # Out to host after the rollout, back before the next one: the engine's weights each way over PCIe.
+            handover_s += 2 * r.weights_gib_per_gpu * 2**30 / pcie_bps
     timing = compose_step(placement, mode, staleness, r, t, fastest.total_s, handover_s)
     warns = []
-    if not t.fits:
-        warns.append(
-            f"the policy update needs {t.peak_gib:.0f} GiB per GPU: more than the GPU holds ({train_layout.label()})"
-        )
+    if not memory.fits and (line := overflow_message(memory, f"the {memory.first_overflow().pool} pool")):
+        warns.append(f"{line}: more than the GPU holds ({train_layout.label()}, {roll_layout.label()})")
     if placement == "colocated" and mode != "sync":
         warns.append("colocated pools share GPUs: rollout and training cannot overlap (async only shortens the window)")
+    if gpu_memory_utilization is not None:
+        warns.append(
+            f"--gpu-memory-utilization {gpu_memory_utilization:g} sizes the memory check only: the rollout is "
+            "priced with the engine file's KV pool"
+        )
     return RLStep(
         model=spec.name, gpu=gpu, gpus=gpus, algo=algo, placement=placement, mode=mode,
         staleness={"sync": 0, "one-step-off": 1}.get(mode, staleness), handover=handover, prompts=prompts,
         samples=samples, input_len=input_len, output_len=output_len, rollout=r, train=t, sync_s=fastest.total_s,
         sync_mechanism=fastest.mechanism, handover_s=handover_s, step_s=timing.step_s,
-        critical_path=timing.critical_path, idle_s=timing.idle_s, samples_per_s=n / timing.step_s,
-        warnings=tuple(warns),
+        critical_path=timing.critical_path, idle_s=timing.idle_s, samples_per_s=n / timing.step_s, memory=memory,
+        trainer_offload_s=trainer_offload_s, warnings=tuple(warns),
     )  # fmt: skip
+
+
+def _remedy(memory: RLMemory) -> str:
+    """What would shrink the colocated phase that does not fit."""
+    phase = memory.first_overflow()
+    tried = memory.trainer_offload == "all"
+    offload = [] if tried else ["--trainer-offload all"]
+    if phase is not None and phase.phase == "generation":
+        fixes = [*offload, "a lower --gpu-memory-utilization", "more GPUs"]
+    elif phase is not None and phase.phase == "training":
+        fixes = [*offload, "more GPUs", "a layout that shards the update more"]
+    else:
+        fixes = [*offload, "more GPUs", "a larger rollout tp"]
+    return "try " + ", ".join(fixes) + ", or --placement disaggregated"
 
 
 def _unit(layout_text: str, parse: Any) -> int:
@@ -372,15 +445,27 @@ def search_split(model: str, gpus: int, train: str, rollout: str, **kw: Any) -> 
             continue
     if not steps:
         raise ShardscopeError(f"no split of {gpus} GPUs fits --train {train!r} and --rollout {rollout!r}")
-    # A split whose update does not fit the trainer's GPUs ranks after every one that does.
-    return tuple(sorted(steps, key=lambda s: (not s.train.fits, s.step_s)))
+    # A split with a phase that does not fit its GPUs ranks after every one that fits.
+    return tuple(sorted(steps, key=lambda s: (not (s.train.fits and s.memory.fits), s.step_s)))
 
 
-def rl(model: str, search: bool = False, **kw: Any) -> RLResult:
-    """`shardscope rl`: one step, or with `search` the best disaggregated split and every split tried."""
+def rl(model: str, search: bool = False, trace: str | Path | None = None, **kw: Any) -> RLResult:
+    """`shardscope rl`: one step, or with `search` the best disaggregated split and every split tried.
+    `trace`: write a few steps of the result as Chrome-trace JSON (`rl.trace`)."""
+    if trace is not None:
+        from shardscope.serve.estimate import check_writable
+
+        check_writable(Path(trace))
+    check_utilization(kw.get("gpu_memory_utilization"))
     if not search:
-        return RLResult(rl_step(model, **kw))
-    kw = {k: v for k, v in kw.items() if k not in ("placement", "rollout_gpus")}
-    gpus, train, rollout = kw.pop("gpus", 8), kw.pop("train", "megatron"), kw.pop("rollout", "vllm tp1")
-    split = search_split(model, gpus, train, rollout, **kw)
-    return RLResult(split[0], split)
+        result = RLResult(rl_step(model, **kw))
+    else:
+        kw = {k: v for k, v in kw.items() if k not in ("placement", "rollout_gpus", "trainer_offload")}
+        gpus, train, rollout = kw.pop("gpus", 8), kw.pop("train", "megatron"), kw.pop("rollout", "vllm tp1")
+        split = search_split(model, gpus, train, rollout, **kw)
+        result = RLResult(split[0], split)
+    if trace is not None:
+        from shardscope.rl.trace import write_rl_trace
+
+        write_rl_trace(result.step, trace)
+    return result

@@ -29,7 +29,14 @@ def print_rl(result: RLResult) -> None:
     print(f"train            {t.layout} on {t.gpus} GPUs: " + ", ".join(parts) + f" ({t.peak_gib:.1f} GiB/GPU)")
     print(f"weight sync      {s.sync_s:.2f} s ({s.sync_mechanism})")
     if s.placement == "colocated":
-        print(f"hand-over        {s.handover_s:.2f} s ({s.handover})")
+        trainer = f" + trainer state {s.trainer_offload_s:.2f} s" if s.trainer_offload_s else ""
+        print(f"hand-over        {s.handover_s:.2f} s ({s.handover} engine{trainer})")
+    m = s.memory
+    peaks = ", ".join(f"{p.phase} {p.peak_gib:.1f}" + ("" if p.pool == "shared" else f" ({p.pool})") for p in m.phases)
+    print(
+        f"memory/GPU       {peaks} of {m.capacity_gib:.1f} GiB (trainer offload {m.trainer_offload}, "
+        f"engine utilization {m.gpu_memory_utilization:.2f})"
+    )
     idle = ", ".join(f"{pool} {sec:.2f} s ({sec / s.step_s:.0%})" for pool, sec in s.idle_s.items())
     print(f"GPU idle         {idle}")
     if result.split:
@@ -37,7 +44,7 @@ def print_rl(result: RLResult) -> None:
         for step in result.split[:8]:
             print(
                 f"  {step.rollout.gpus:4d} + {step.train.gpus:<4d} step {step.step_s:9.2f} s  "
-                f"{step.samples_per_s:8.1f} samples/s"
+                f"{step.samples_per_s:8.1f} samples/s" + ("" if step.memory.fits else "  (does not fit)")
             )
     for w in s.warnings:
         print(f"warning: {w}")

@@ -44,13 +44,17 @@ class Batch:
 
 @dataclass(frozen=True, slots=True)
 class Deployment:
-    """A model on one TP group of a cluster, with weight and KV-cache precisions."""
+    """A model on one TP group of a cluster, with weight and KV-cache precisions. `ep` = `tp` runs the MoE
+    layers expert-parallel over the same GPUs (vLLM's `--enable-expert-parallel` with one data-parallel
+    rank): each GPU holds experts/ep whole experts instead of a 1/tp slice of every expert; attention stays
+    TP-sharded and the MoE output is still all-reduced, so weights and communication are unchanged."""
 
     model: ModelSpec
     cluster: Cluster
     tp: int
     precision: str = "bf16"  # weights: bf16 | fp8
     kv_dtype_bytes: int = 2
+    ep: int = 1  # 1 or tp
 
     @property
     def weight_bytes(self) -> float:
@@ -197,9 +201,15 @@ class IterationCost:
         if self.moe_layers and m.moe is not None:
             moe = m.moe
             hit = expected_experts_hit(moe.experts, moe.top_k, tokens)
+            rows = max(1, math.ceil(tokens * moe.top_k / max(1, round(hit))))  # tokens per touched expert
             groups = max(1, round(hit))
-            rows = max(1, math.ceil(tokens * moe.top_k / groups))  # tokens per touched expert
-            fe = max(1, moe.expert_ffn // tp)
+            if (ep := self.d.ep) > 1:
+                # EP: each GPU runs the touched experts among its experts/ep, whole; the busiest GPU sets the
+                # time: its count ~ Binomial(E/ep, hit/E), the maximum of ep of them taken as the mean plus
+                # sqrt(2 ln ep) standard deviations (Gaussian extreme), at most E/ep
+                n, q = moe.experts / ep, hit / moe.experts
+                groups = max(1, round(min(n, n * q + math.sqrt(n * q * (1 - q) * 2 * math.log(ep)))))
+            fe = max(1, moe.expert_ffn // (tp // self.d.ep))
             layer = gemm_time_s(gpu, tokens, moe.experts, h, "bf16")  # router
             layer += gemm_time_s(gpu, rows, (mats - 1) * fe, h, p, groups) + gemm_time_s(gpu, rows, h, fe, p, groups)
             if moe.shared_experts:

@@ -13,6 +13,7 @@ from typing import Any
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import make_cluster
 from shardscope.models.catalog import load_model
+from shardscope.models.spec import ModelSpec
 from shardscope.serve.cost import (
     Batch,
     Deployment,
@@ -71,6 +72,7 @@ class ServeResult:
     tokens_per_decode_step: float = 1.0
     disaggregate: str = ""  # "" or "P:D" (prefill:decode replicas)
     kv_transfer_s: float = 0.0  # one request's KV from a prefill to a decode replica (mean)
+    ep: int = 1  # expert-parallel size of the MoE layers within a replica (1 or tp)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -102,11 +104,13 @@ def serve_estimate(
     trace_file: str | Path | None = None,
     spec_decode: str | None = None,
     disaggregate: str | None = None,
+    ep: int = 1,
 ) -> ServeResult:
     """Simulate the benchmark. `rate` inf with `concurrency` 0 is offline (all requests at once);
     `concurrency` > 0 keeps that many outstanding over the whole deployment. `slo_*_ms`: goodput counts the
     requests meeting them. `trace_file`: write the timeline as Chrome-trace JSON. `spec_decode`: see
-    `parse_spec_decode`. `disaggregate` "P:D": the replicas split into prefill and decode pools."""
+    `parse_spec_decode`. `disaggregate` "P:D": the replicas split into prefill and decode pools. `ep` = `tp`:
+    the MoE layers run expert-parallel over the replica's GPUs (see `Deployment`)."""
     if precision not in PRECISIONS:
         raise ShardscopeError(f"unknown precision {precision!r} (valid: {', '.join(PRECISIONS)})")
     if kv_dtype not in PRECISIONS:
@@ -137,7 +141,8 @@ def serve_estimate(
         )
     if tp > cluster.scaleup_domain:
         raise ShardscopeError(f"--tp {tp} spans more GPUs than one NVLink domain ({cluster.scaleup_domain})")
-    d = Deployment(spec, cluster, tp, precision, 1 if kv_dtype == "fp8" else 2)
+    check_ep(spec, tp, ep)
+    d = Deployment(spec, cluster, tp, precision, 1 if kv_dtype == "fp8" else 2, ep)
     mem = memory_plan(d, eng)
     draft_cost = None
     if spec_dec is not None and spec_dec.kind == "draft":  # the draft's weights and KV share the pool
@@ -196,9 +201,24 @@ def serve_estimate(
         result = replace(result, spec_decode=spec_dec.label, tokens_per_decode_step=spec_dec.tokens_per_step)
     if pools is not None:
         result = replace(result, disaggregate=f"{pools[0]}:{pools[1]}", kv_transfer_s=transfer)
+    if ep != 1:
+        result = replace(result, ep=ep)
     if trace_file is not None:
         write_trace(Path(trace_file), [run for run, _ in runs], pools)
     return result
+
+
+def check_ep(spec: ModelSpec, tp: int, ep: int) -> None:
+    """EP within a replica, as vLLM runs `--enable-expert-parallel` at one data-parallel rank: EP = TP, on a
+    MoE model whose experts split evenly."""
+    if ep == 1:
+        return
+    if spec.moe is None:
+        raise ShardscopeError(f"--ep {ep}: {spec.name} has no experts (EP applies to MoE models)")
+    if ep != tp:
+        raise ShardscopeError(f"--ep {ep}: expert parallelism within a replica spans its TP group (valid: 1, {tp})")
+    if spec.moe.experts % ep:
+        raise ShardscopeError(f"--ep {ep} does not divide the {spec.moe.experts} experts of {spec.name}")
 
 
 def check_writable(path: Path) -> None:

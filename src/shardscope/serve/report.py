@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shardscope.serve.estimate import ServeResult
+from shardscope.serve.plan import ServePlanResult
 
 
 def print_serve(r: ServeResult, console: Console | None = None) -> None:
@@ -14,7 +15,8 @@ def print_serve(r: ServeResult, console: Console | None = None) -> None:
     load = {"poisson": f"Poisson {r.rate:g} req/s", "offline": "offline (all at t=0)"}.get(
         r.arrivals, f"concurrency {r.concurrency}"
     )
-    title = f"{r.model} on {r.gpus}x {r.gpu}: TP {r.tp} x PP {r.pp} x DP {r.dp}, {r.engine}, {r.precision}"
+    ep = f" (EP {r.ep})" if r.ep > 1 else ""
+    title = f"{r.model} on {r.gpus}x {r.gpu}: TP {r.tp}{ep} x PP {r.pp} x DP {r.dp}, {r.engine}, {r.precision}"
     head = Table(title=f"{title}, KV {r.kv_dtype}", title_justify="left", show_header=False)
     head.add_column("what")
     head.add_column("value", justify="right")
@@ -62,3 +64,32 @@ def print_serve(r: ServeResult, console: Console | None = None) -> None:
     tput.add_row("max KV usage", f"{r.max_kv_usage:.1%}")
     tput.add_row("preemptions", f"{r.preemptions:,}")
     out.print(tput)
+
+
+def print_serve_plan(r: ServePlanResult, console: Console | None = None) -> None:
+    """The best deployments of `serve-plan`, ranked by goodput requests/s per GPU."""
+    from shardscope.report.console import print_whole
+
+    out = console or Console()
+    s = r.searched
+    slos = " and ".join(
+        f"{name} p90 ≤ {v:g} ms" for name, v in (("TTFT", r.slo_ttft_ms), ("TPOT", r.slo_tpot_ms)) if v is not None
+    )
+    load = f"{r.input_len}/{r.output_len} tokens" if r.dataset == "fixed" else r.dataset
+    out.print(
+        f"[bold]{r.model}[/] on ≤{r.max_gpus}× {r.gpu}, {r.engine}, Poisson {r.rate_requests_per_s:g} req/s "
+        f"({load}, {r.num_prompts:,} requests): {s.deployments:,} deployments, {s.simulated:,} simulated, "
+        f"{s.met:,} meet {slos}; best by goodput req/s per GPU:"
+    )
+    table = Table()
+    cols = ("#", "GPUs", "TP", "EP", "replicas", "P:D", "max seqs", "req/s", "req/s/GPU", "TTFT p90", "TPOT p90")
+    for col in (*cols, "goodput %"):
+        table.add_column(col, justify="right")
+    for i, p in enumerate(r.plans, 1):
+        table.add_row(
+            str(i), str(p.gpus), str(p.tp), str(p.ep), str(p.replicas), p.disaggregate or "-", str(p.max_num_seqs),
+            f"{p.goodput_requests_per_s:,.2f}", f"{p.goodput_requests_per_s_per_gpu:,.3f}",
+            f"{p.ttft_p90_ms:,.1f} ms", f"{p.tpot_p90_ms:,.1f} ms", f"{p.goodput_pct:.1f}",
+        )  # fmt: skip
+    print_whole(out, table)
+    out.print(f"req/s: goodput (requests meeting the SLOs). Plan #1 as a simulation: {r.plans[0].serve_command}")
