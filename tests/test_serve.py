@@ -225,10 +225,10 @@ PINNED_MAPE = {
     "prompt_time_ms / (blank) / H100": 50.1,
     "request_throughput_req_per_s / trtllm@0.14 / H100": 15.41,
     "throughput_tokens_per_s / trtllm@0.17 / A100-80GB": 3.36,
-    "throughput_tokens_per_s / trtllm@0.17 / GH200": 34.56,
-    "throughput_tokens_per_s / trtllm@0.17 / H100": 38.06,
-    "throughput_tokens_per_s / trtllm@0.17 / H200": 33.38,
-    "throughput_tokens_per_s / trtllm@0.17 / L40S": 36.06,
+    "throughput_tokens_per_s / trtllm@0.17 / GH200": 6.09,
+    "throughput_tokens_per_s / trtllm@0.17 / H100": 7.45,
+    "throughput_tokens_per_s / trtllm@0.17 / H200": 6.6,
+    "throughput_tokens_per_s / trtllm@0.17 / L40S": 7.39,
     "token_time_ms_per_token / (blank) / A100-80GB": 18.6,
     "token_time_ms_per_token / (blank) / H100": 13.08,
     "total_token_throughput_tokens_per_s / trtllm@0.14 / H100": 17.35,
@@ -405,3 +405,20 @@ def test_disaggregation_under_load_completes_every_request() -> None:
     assert r.goodput_requests_per_s <= r.requests_per_s
     with pytest.raises(ShardscopeError, match="do not split"):
         serve_estimate("llama3.1-8b", gpus=8, disaggregate="2:1", num_prompts=5)
+
+
+def test_kv_cache_dtype_follows_the_engine_unless_asked() -> None:
+    """`--kv-dtype auto`: TensorRT-LLM runs an FP8 checkpoint with an FP8 KV cache (ModelOpt checkpoints carry
+    it), vLLM keeps the model dtype; an explicit dtype wins. An FP8 KV cache holds twice the tokens."""
+    gpu = make_cluster("H100", 1).gpu
+    assert load_engine("trtllm", gpu).kv_dtype("auto", "fp8") == "fp8"
+    assert load_engine("trtllm", gpu).kv_dtype("auto", "bf16") == "bf16"
+    assert load_engine("vllm", gpu).kv_dtype("auto", "fp8") == "bf16"
+    assert load_engine("trtllm", gpu).kv_dtype("bf16", "fp8") == "bf16"
+    kw = dict(gpus=1, engine="trtllm", precision="fp8", num_prompts=50, input_len=128, output_len=64)
+    auto = serve_estimate("llama3.1-8b", **kw)
+    half = serve_estimate("llama3.1-8b", kv_dtype="bf16", **kw)
+    assert (auto.kv_dtype, half.kv_dtype) == ("fp8", "bf16")
+    assert auto.memory.kv_tokens == pytest.approx(2 * half.memory.kv_tokens, rel=0.01)
+    with pytest.raises(ShardscopeError, match="valid: auto, bf16, fp8"):
+        serve_estimate("llama3.1-8b", kv_dtype="int4", **kw)

@@ -501,7 +501,7 @@ def serve(
     ep: Annotated[int, typer.Option(help="MoE: expert-parallel size within a replica (1 or --tp)")] = 1,
     engine: Annotated[str, typer.Option(help="serving engine: vllm | sglang | trtllm (NAME[@RELEASE])")] = "vllm",
     precision: Annotated[str, typer.Option(help="weight precision: bf16 | fp8")] = "bf16",
-    kv_dtype: Annotated[str, typer.Option(help="KV-cache dtype: bf16 | fp8")] = "bf16",
+    kv_dtype: Annotated[str, typer.Option(help="KV-cache dtype: auto (the engine's rule) | bf16 | fp8")] = "auto",
     rate: Annotated[float, typer.Option(help="Poisson arrivals, requests/s (inf: offline, all at once)")] = math.inf,
     concurrency: Annotated[int, typer.Option(help="keep this many requests outstanding (closed loop)")] = 0,
     num_prompts: Annotated[int, typer.Option(help="requests in the benchmark")] = 1000,
@@ -552,7 +552,7 @@ def serve_plan(
     num_prompts: Annotated[int, typer.Option(help="requests in each deployment's simulation")] = 1000,
     seed: Annotated[int, typer.Option(help="random seed of arrivals and lengths")] = 0,
     precision: Annotated[str, typer.Option(help="weight precision: bf16 | fp8")] = "bf16",
-    kv_dtype: Annotated[str, typer.Option(help="KV-cache dtype: bf16 | fp8")] = "bf16",
+    kv_dtype: Annotated[str, typer.Option(help="KV-cache dtype: auto (the engine's rule) | bf16 | fp8")] = "auto",
     slo_ttft_ms: Annotated[float | None, typer.Option(help="p90 TTFT target, ms")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="p90 TPOT target, ms")] = None,
     disaggregate: Annotated[

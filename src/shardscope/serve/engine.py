@@ -38,6 +38,13 @@ class Engine:
     non_torch_gib: float
     host_s_per_iteration: float
     sources: tuple[tuple[str, str], ...]
+    fp8_kv_with_fp8_weights: bool = False  # an FP8 checkpoint's KV cache is FP8 unless the user says otherwise
+
+    def kv_dtype(self, asked: str, precision: str) -> str:
+        """The KV-cache dtype a run gets: as `asked`, or for "auto" the engine's rule for `precision`."""
+        if asked != "auto":
+            return asked
+        return "fp8" if precision == "fp8" and self.fp8_kv_with_fp8_weights else "bf16"
 
     @property
     def label(self) -> str:
@@ -101,4 +108,5 @@ def load_engine(spec: str, gpu: GPU) -> Engine:
         non_torch_gib=float(values["non_torch_gib"]),
         host_s_per_iteration=float(values["host_s_per_iteration"]),
         sources=tuple(sorted(sources.items())),
+        fp8_kv_with_fp8_weights=bool(values.get("fp8_kv_with_fp8_weights", False)),
     )

@@ -89,7 +89,7 @@ def serve_estimate(
     pp: int = 1,
     engine: str = "vllm",
     precision: str = "bf16",
-    kv_dtype: str = "bf16",
+    kv_dtype: str = "auto",
     rate: float = math.inf,
     concurrency: int = 0,
     num_prompts: int = 1000,
@@ -113,8 +113,8 @@ def serve_estimate(
     the MoE layers run expert-parallel over the replica's GPUs (see `Deployment`)."""
     if precision not in PRECISIONS:
         raise ShardscopeError(f"unknown precision {precision!r} (valid: {', '.join(PRECISIONS)})")
-    if kv_dtype not in PRECISIONS:
-        raise ShardscopeError(f"unknown KV-cache dtype {kv_dtype!r} (valid: {', '.join(PRECISIONS)})")
+    if kv_dtype not in ("auto", *PRECISIONS):
+        raise ShardscopeError(f"unknown KV-cache dtype {kv_dtype!r} (valid: auto, {', '.join(PRECISIONS)})")
     if tp < 1 or pp < 1:
         raise ShardscopeError("--tp and --pp must be at least 1")
     if pp != 1:
@@ -142,6 +142,7 @@ def serve_estimate(
     if tp > cluster.scaleup_domain:
         raise ShardscopeError(f"--tp {tp} spans more GPUs than one NVLink domain ({cluster.scaleup_domain})")
     check_ep(spec, tp, ep)
+    kv_dtype = eng.kv_dtype(kv_dtype, precision)
     d = Deployment(spec, cluster, tp, precision, 1 if kv_dtype == "fp8" else 2, ep)
     mem = memory_plan(d, eng)
     draft_cost = None

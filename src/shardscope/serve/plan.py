@@ -252,7 +252,7 @@ def serve_plan(
     num_prompts: int = 1000,
     seed: int = 0,
     precision: str = "bf16",
-    kv_dtype: str = "bf16",
+    kv_dtype: str = "auto",
     slo_ttft_ms: float | None = None,
     slo_tpot_ms: float | None = None,
     top: int = 5,
@@ -277,13 +277,14 @@ def serve_plan(
         raise ShardscopeError(f"--gpus must be positive, got {gpus}")
     if precision not in PRECISIONS:
         raise ShardscopeError(f"unknown precision {precision!r} (valid: {', '.join(PRECISIONS)})")
-    if kv_dtype not in PRECISIONS:
-        raise ShardscopeError(f"unknown KV-cache dtype {kv_dtype!r} (valid: {', '.join(PRECISIONS)})")
+    if kv_dtype not in ("auto", *PRECISIONS):
+        raise ShardscopeError(f"unknown KV-cache dtype {kv_dtype!r} (valid: auto, {', '.join(PRECISIONS)})")
     spec = load_model(model)
     if spec.dit is not None:
         raise ShardscopeError(f"{spec.name} is a diffusion transformer; serving simulates language models")
     cluster = make_cluster(gpu, gpus)
     eng = load_engine(engine, cluster.gpu)
+    kv_dtype = eng.kv_dtype(kv_dtype, precision)
     reqs = make_requests(num_prompts, "poisson", rate, input_len, output_len, dataset, seed)
     goodput_bound = len(reqs) / reqs[-1].arrival_s  # requests/s: the run lasts at least to the last arrival
     multi_token = any(r.output_len > 1 for r in reqs)  # TPOT counts only requests of two tokens or more
