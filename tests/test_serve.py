@@ -422,3 +422,15 @@ def test_kv_cache_dtype_follows_the_engine_unless_asked() -> None:
     assert auto.memory.kv_tokens == pytest.approx(2 * half.memory.kv_tokens, rel=0.01)
     with pytest.raises(ShardscopeError, match="valid: auto, bf16, fp8"):
         serve_estimate("llama3.1-8b", kv_dtype="int4", **kw)
+
+
+def test_serve_prices_gemms_from_a_measured_profile() -> None:
+    """`--profile`: GEMMs the profile covers are its measured times (the calibrated H100 runs decode-sized
+    GEMMs at the weights' read rate, faster than the tile model); a profile of another GPU is refused."""
+    calibrated = Path(__file__).resolve().parents[1] / "validation" / "calibrate_h100.sql.gz"
+    kw = dict(gpus=1, engine="trtllm", precision="fp8", num_prompts=200, input_len=128, output_len=512)
+    plain = serve_estimate("llama3.1-8b", **kw)
+    measured = serve_estimate("llama3.1-8b", profile=calibrated, **kw)
+    assert measured.decode_iteration_s < 0.8 * plain.decode_iteration_s
+    with pytest.raises(ShardscopeError, match="measured on H100, not H200"):
+        serve_estimate("llama3.1-8b", gpu="H200", profile=calibrated, **kw)

@@ -96,6 +96,10 @@ Stack = Annotated[
 ]
 PowerLimit = Annotated[float | None, typer.Option(help="GPU board power cap in watts (lower clocks), e.g. 500")]
 AsJson = Annotated[bool, typer.Option("--json", help="print one JSON object")]
+ProfileOption = Annotated[
+    str | None,
+    typer.Option(help="measured profile: a shipped GPU name (H100) or a file from `shardscope calibrate`"),
+]
 Workers = Annotated[
     int, typer.Option(help="local worker processes (0: one per core, up to 8, for searches of 2,000+ layouts)")
 ]
@@ -162,10 +166,7 @@ def estimate(
         bool,
         typer.Option(help="let a config.json whose architecture ships as code with the checkpoint run that code"),
     ] = False,
-    profile: Annotated[
-        str | None,
-        typer.Option(help="measured profile: a shipped GPU name (H100) or a file from `shardscope calibrate`"),
-    ] = None,
+    profile: ProfileOption = None,
     as_json: AsJson = False,
     **plan: Any,
 ) -> None:
@@ -520,6 +521,7 @@ def serve(
     disaggregate: Annotated[
         str | None, typer.Option(help="prefill:decode replica ratio P:D (KV sent over the cluster network)")
     ] = None,
+    profile: ProfileOption = None,
     as_json: AsJson = False,
 ) -> None:
     """Simulate serving a model: KV capacity, TTFT/TPOT/ITL/E2E percentiles, throughput (DP = gpus/(tp*pp))."""
@@ -532,7 +534,7 @@ def serve(
             concurrency=concurrency, num_prompts=num_prompts, input_len=input_len, output_len=output_len,
             dataset=dataset, seed=seed, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, trace_file=trace, spec_decode=spec_decode,
-            disaggregate=disaggregate, ep=ep,
+            disaggregate=disaggregate, ep=ep, profile=profile,
         ),
         as_json,
         print_serve,

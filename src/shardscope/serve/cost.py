@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from shardscope.costs.comm import collective_time_s, place_group
 from shardscope.costs.compute import gemm_time_s, memory_time_s
 from shardscope.costs.efficiency import KERNEL_GAP_S, attention_fraction
-from shardscope.hardware.catalog import Cluster
+from shardscope.hardware.catalog import GPU, Cluster
 from shardscope.models.spec import ModelSpec
 from shardscope.serve.engine import Engine
 
@@ -155,6 +155,14 @@ def expected_experts_hit(experts: int, top_k: int, tokens: int) -> float:
     return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
 
 
+def gemm_s(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", groups: int = 1) -> float:
+    """One GEMM's time: measured (interpolated) where the GPU carries a profile that covers the shape
+    (`--profile`; decode-sized GEMMs run at the weights' read rate there), else the roofline model."""
+    if gpu.profile is not None and (t := gpu.profile.gemm_s(m, n, k, precision, groups)) is not None:
+        return t
+    return gemm_time_s(gpu, m, n, k, precision, groups)
+
+
 @dataclass
 class IterationCost:
     """Iteration time of a deployment under an engine; GEMM and communication parts memoised by token count
@@ -192,12 +200,10 @@ class IterationCost:
             return t
         m, gpu, tp, p = self.d.model, self.d.cluster.gpu, self.d.tp, self.precision
         h, mats = m.hidden, (3 if m.mlp == "swiglu" else 2)
-        t = m.layers * gemm_time_s(gpu, tokens, self.attn_cols, h, p)
+        t = m.layers * gemm_s(gpu, tokens, self.attn_cols, h, p)
         if self.dense_layers:
             f = max(1, m.ffn_hidden // tp)
-            t += self.dense_layers * (
-                gemm_time_s(gpu, tokens, (mats - 1) * f, h, p) + gemm_time_s(gpu, tokens, h, f, p)
-            )
+            t += self.dense_layers * (gemm_s(gpu, tokens, (mats - 1) * f, h, p) + gemm_s(gpu, tokens, h, f, p))
         if self.moe_layers and m.moe is not None:
             moe = m.moe
             hit = expected_experts_hit(moe.experts, moe.top_k, tokens)
@@ -210,14 +216,14 @@ class IterationCost:
                 n, q = moe.experts / ep, hit / moe.experts
                 groups = max(1, round(min(n, n * q + math.sqrt(n * q * (1 - q) * 2 * math.log(ep)))))
             fe = max(1, moe.expert_ffn // (tp // self.d.ep))
-            layer = gemm_time_s(gpu, tokens, moe.experts, h, "bf16")  # router
-            layer += gemm_time_s(gpu, rows, (mats - 1) * fe, h, p, groups) + gemm_time_s(gpu, rows, h, fe, p, groups)
+            layer = gemm_s(gpu, tokens, moe.experts, h, "bf16")  # router
+            layer += gemm_s(gpu, rows, (mats - 1) * fe, h, p, groups) + gemm_s(gpu, rows, h, fe, p, groups)
             if moe.shared_experts:
                 fs = max(1, moe.shared_experts * moe.shared_ffn // tp)
-                layer += gemm_time_s(gpu, tokens, (mats - 1) * fs, h, p) + gemm_time_s(gpu, tokens, h, fs, p)
+                layer += gemm_s(gpu, tokens, (mats - 1) * fs, h, p) + gemm_s(gpu, tokens, h, fs, p)
             t += self.moe_layers * layer
         if sampled:
-            t += gemm_time_s(gpu, sampled, max(1, m.vocab // tp), h, "bf16")
+            t += gemm_s(gpu, sampled, max(1, m.vocab // tp), h, "bf16")
         # two all-reduces a layer (attention output, MLP output) of the tokens' hidden states
         t += 2 * m.layers * collective_time_s(self.d.cluster, "all_reduce", tokens * h * ACT_BYTES, self.tp_group)
         self._linear[key] = t

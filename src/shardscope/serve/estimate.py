@@ -105,6 +105,7 @@ def serve_estimate(
     spec_decode: str | None = None,
     disaggregate: str | None = None,
     ep: int = 1,
+    profile: str | Path | None = None,
 ) -> ServeResult:
     """Simulate the benchmark. `rate` inf with `concurrency` 0 is offline (all requests at once);
     `concurrency` > 0 keeps that many outstanding over the whole deployment. `slo_*_ms`: goodput counts the
@@ -132,6 +133,10 @@ def serve_estimate(
     if spec.dit is not None:
         raise ShardscopeError(f"{spec.name} is a diffusion transformer; serving simulates language models")
     cluster = make_cluster(gpu, gpus)
+    if profile is not None:  # measured GEMM times where the profile covers them (`cost.gemm_s`)
+        from shardscope import with_profile
+
+        cluster = with_profile(cluster, profile)
     eng = load_engine(engine, cluster.gpu)
     if max_num_seqs is not None or max_num_batched_tokens is not None:
         eng = replace(
