@@ -256,3 +256,25 @@ def test_calibrate_plan_covers_each_kind_coarse_first() -> None:
     assert any("x2064" in lb for lb in fine)  # unaligned depths, interpolated among themselves
     streams = [label for label, _ in (*stream_cases(None, True), *stream_cases(None, False))]
     assert len(set(streams)) == len(streams) == 26
+
+
+def test_plan_searches_with_a_profile_as_estimate_prices() -> None:
+    """`plan --profile`: the search prices its plans from the profile, and its best plan's step time is what
+    `estimate --profile` gives for that plan."""
+    from typer.testing import CliRunner
+
+    from shardscope.cli import app
+
+    args = ["llama3.1-8b", "--gpus", "8", "--seq-len", "4096", "--global-batch", "32", "--stack", "torchtitan"]
+    runner = CliRunner()
+    plain = json.loads(runner.invoke(app, ["plan", *args, "--top", "1", "--json"]).output)
+    measured = json.loads(runner.invoke(app, ["plan", *args, "--top", "1", "--json", "--profile", "H100"]).output)
+    best = measured["plans"][0] if "plans" in measured else measured["candidates"][0]
+    before = plain["plans"][0] if "plans" in plain else plain["candidates"][0]
+    assert best["step_time_s"] != before["step_time_s"]
+    p = best["plan"]
+    est = shardscope.estimate(
+        "llama3.1-8b", "H100", 8, stack="torchtitan", profile="H100", seq_len=4096, global_batch=32,
+        **{k: p[k] for k in ("tp", "pp", "cp", "micro_batch", "fsdp", "zero", "reshard_after_forward", "recompute")},
+    )  # fmt: skip
+    assert est.step_time_s == pytest.approx(best["step_time_s"], rel=1e-9)

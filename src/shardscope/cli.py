@@ -224,6 +224,7 @@ def _search_options(
     ep_dispatch: EpDispatchChoice = "auto",
     ep_comm_overlap: EpCommOverlapChoice = None,
     workers: Workers = 0,
+    profile: ProfileOption = None,
 ) -> None:
     """The options `plan` and `report` share (their one declaration; `with_search_options`)."""
 

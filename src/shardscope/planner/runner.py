@@ -44,7 +44,7 @@ def candidate_json(c: Candidate, tokens: float | None = None, price: float | Non
 # The options of `plan` and `report` that `search_setup` takes
 SEARCH_OPTIONS = (
     "model", "gpu", "gpus", "gpus_per_node", "seq_len", "video", "precision", "fp8_recipe", "cuda_graphs",
-    "fused_activation", "fused_cross_entropy", "ep_dispatch", "ep_comm_overlap", "stack", "power_limit",
+    "fused_activation", "fused_cross_entropy", "ep_dispatch", "ep_comm_overlap", "stack", "power_limit", "profile",
 )  # fmt: skip
 
 
@@ -65,6 +65,7 @@ def search_setup(
     ep_comm_overlap: bool | None,
     stack: str | None = None,
     power_limit: float | None = None,
+    profile: str | None = None,
 ) -> tuple[ModelSpec, Cluster, int, SearchSpace]:
     """The model, cluster, sequence length (a video clip's tokens) and search space of `plan`/`report`:
     every plan runs the stack's kernels, fusions and overlaps; options given (not None) override them."""
@@ -81,6 +82,10 @@ def search_setup(
         kernels.pop(decided, None)
     spec = load_model(model)
     cluster = make_cluster(gpu, gpus, gpus_per_node, power_limit_w=power_limit)
+    if profile is not None:  # ops the measured profile covers are priced from it (`costs.profiled`)
+        from shardscope import with_profile
+
+        cluster = with_profile(cluster, profile)
     if video:
         seq_len = video_seq_len(spec, video)
     check_scale(gpus, seq_len)  # before the search, as `estimate` checks before pricing
@@ -137,6 +142,7 @@ def plan_search(
     fp8_recipe: str | None = None,
     stack: str | None = None,
     power_limit: float | None = None,
+    profile: str | None = None,
 ) -> PlanOutcome:
     """Search the plans of `plan`/`--export`: data only, the CLI shows it. With `--export X[@RELEASE]` the plans
     are priced under X's stack at that release and only those X can run are searched (`runnable_export`)."""
