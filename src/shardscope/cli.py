@@ -547,7 +547,10 @@ def serve_plan(
     model: Annotated[str, typer.Argument(help="catalog name (see `shardscope models`) or path to a config.json")],
     gpu: Gpu = "H100",
     gpus: Annotated[int, typer.Option(help="use at most this many GPUs")] = 8,
-    engine: Annotated[str, typer.Option(help="serving engine: vllm | sglang | trtllm (NAME[@RELEASE])")] = "vllm",
+    engine: Annotated[
+        str | None,
+        typer.Option(help="serving engine: vllm | sglang | trtllm (NAME[@RELEASE]; default: --export's, else vllm)"),
+    ] = None,
     rate: Annotated[float | None, typer.Option(help="Poisson arrivals, requests/s (required)")] = None,
     input_len: Annotated[int, typer.Option(help="prompt tokens (dataset fixed)")] = 1024,
     output_len: Annotated[int, typer.Option(help="output tokens (dataset fixed)")] = 256,
@@ -562,22 +565,49 @@ def serve_plan(
         bool, typer.Option("--disaggregate/--no-disaggregate", help="also search prefill:decode pools P:D")
     ] = True,
     top: Annotated[int, typer.Option(help="how many deployments to show")] = 5,
+    export: Annotated[
+        str | None,
+        typer.Option(help="write plan #1's launch commands for this engine release: vllm[@0.33.0] | sglang[@0.5.23]"),
+    ] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="file for --export (default: stdout)")] = None,
     as_json: AsJson = False,
 ) -> None:
     """Search serving deployments (TP, EP, replicas, P:D, max seqs) on at most --gpus GPUs for the most goodput
     requests/s per GPU that meets p90 TTFT/TPOT SLOs at the given Poisson rate."""
+    from shardscope.hardware.catalog import load_gpu
+    from shardscope.serve.engine import load_engine
+    from shardscope.serve.export import export_engine, export_release, serve_export
     from shardscope.serve.plan import serve_plan as search
     from shardscope.serve.report import print_serve_plan
 
-    _answer(
-        lambda: search(
+    try:
+        if output is not None:
+            if export is None:
+                raise ShardscopeError("-o/--output names the file of --export; give --export ENGINE")
+            _check_output_path(output)
+        engine = engine or (export_engine(export) if export is not None else "vllm")
+        if export is not None:  # refuse before the search what the export can never write
+            export_release(export, load_engine(engine, load_gpu(gpu)).label)
+        result = search(
             model, gpu=gpu, gpus=gpus, engine=engine, rate=rate, input_len=input_len, output_len=output_len,
             dataset=dataset, num_prompts=num_prompts, seed=seed, precision=precision, kv_dtype=kv_dtype,
             slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, top=top, disaggregate=disaggregate,
-        ),
-        as_json,
-        print_serve_plan,
-    )  # fmt: skip
+        )  # fmt: skip
+        text = serve_export(result, export, model) if export is not None else None
+        if text is not None and output is not None:
+            output.write_text(text)
+    except ShardscopeError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        doc = result.to_dict()
+        if text is not None:
+            doc["export"] = text
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    elif text is not None and output is None:
+        sys.stdout.write(text)
+    else:
+        print_serve_plan(result)
 
 
 app.add_typer(profile_app, name="profile")
