@@ -31,10 +31,12 @@ from shardscope.plan.plan import Plan
 
 GIB = 2**30
 # Values derived from one op graph (or a graph on a cluster), keyed by the plan fields outside the graph
-# that they read: the graph is built for one model and fixes every plan field it reads. Up to 256 graphs
-# are kept (then the table starts afresh): enough for a search's neighbouring structures, and it bounds
-# the memory a search adds.
-GRAPH_MEMO = MemoTable(limit=256)
+# that they read: the graph is built for one model and fixes every plan field it reads. Up to 1,024 graphs
+# and graphs on a cluster are kept (then the table starts afresh): enough for a search's neighbouring
+# structures (DeepSeek-V3's search comes back to ~290 of them with each pipeline degree: four micro-batches,
+# nine EP degrees, four MoE dispatcher variants; at 256 it recomputed their costs each time, 6% of the
+# search), and it bounds the memory a search adds (~50 MB more than at 256 there).
+GRAPH_MEMO = MemoTable(limit=1024)
 # ... and from one cluster (the same object across the estimates of a process: `make_cluster` keeps them)
 CLUSTER_MEMO = MemoTable(limit=1024)
 # Outside torch's allocated count: CUDA context + cuBLAS workspaces (~0.6 GiB on Hopper, nvidia-smi of
@@ -55,6 +57,8 @@ def layer_params_local(model: ModelSpec, tp: int, kind: LayerKind | None = None,
 def dense_params_local(model: ModelSpec, tp: int, kind: LayerKind) -> float:
     """Parameters of one block on one GPU besides its routed experts: the TP-split part / tp plus what every
     TP rank holds whole (norms, row-parallel output biases, MLA down-projections, the router)."""
+    if kind.mlp == "measured":  # a block priced from its measurement: not split over TP or EP (graph.measured)
+        return float(model.layer_params_of(kind))
     if kind.mlp.startswith("dit"):
         replicated = model.dit_block_replicated_params(kind)
         return (model.dit_block_params(kind) - replicated) / tp + replicated
@@ -232,13 +236,17 @@ def layers_saved_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, layers: 
     )
 
 
-def activation_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int) -> tuple[float, float, int]:
+def activation_bytes(
+    model: ModelSpec, plan: Plan, graph: StageGraph, stage: int, memo: dict | None = None, saved: tuple | None = None
+) -> tuple[float, float, int]:
     """(saved activations at the peak, backward working set, in-flight chunks) on pipeline rank `stage`.
     What the rank saves per micro-batch (`_saved_parts`) is memoised per graph on the plan fields it reads
     (`_saved_fields`), so plans that differ only in data parallelism, sharding or global batch share it;
-    the micro-batches in flight are counted each time."""
-    key = ("saved", stage, _saved_fields(plan))
-    memo = GRAPH_MEMO.of(graph)
+    the micro-batches in flight are counted each time. `memo` and `saved`: the graph's memo
+    (`GRAPH_MEMO.of(graph)`) and `saved_fields(plan)`, where the caller asks for several ranks."""
+    key = ("saved", stage, _saved_fields(plan) if saved is None else saved)
+    if memo is None:
+        memo = GRAPH_MEMO.of(graph)
     parts = memo.get(key)
     if parts is None:
         parts = memo[key] = _saved_parts(model, plan, graph, stage)
@@ -264,6 +272,7 @@ def _activation_bytes(plan: Plan, stage: int, parts: tuple) -> tuple[float, floa
 # The plan fields `_saved_parts` reads (the op graph, built for one model, fixes the rest of what it reads)
 _saved_fields = attrgetter("pp", "vpp", "pp_layout", "recompute", "recompute_layers", "recompute_modules", "mtp",
                            "mtp_chunk", "tp")  # fmt: skip
+saved_fields = _saved_fields  # (for a caller that builds `activation_bytes`' key once for several ranks)
 
 
 def _saved_parts(

@@ -13,7 +13,7 @@ checkpointing as torchtitan uses it; "full" keeps only each layer's input.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from operator import attrgetter
 
 from shardscope.graph.attention import attention_group
@@ -21,12 +21,13 @@ from shardscope.graph.common import ALL, BF16, FP32, NOT_FULL, OpGroup, Shapes, 
 from shardscope.graph.dit import dit_block_group, dit_embedding_group, dit_head_group
 from shardscope.graph.eager import as_the_stack_runs
 from shardscope.graph.fp8 import quantization_bytes
-from shardscope.graph.measured import reconcile
+from shardscope.graph.measured import reconcile, whole_block_group
 from shardscope.graph.mlp import dense_mlp_group, moe_group
 from shardscope.graph.ops import Collective, Op, Saved
 from shardscope.graph.routing import RoutingLoad, routing_load
 from shardscope.models.spec import LayerKind, ModelSpec
 from shardscope.plan.plan import Plan
+from shardscope.records import evolve
 
 __all__ = ["BF16", "FP32", "OpGroup", "StageGraph", "build_stage_graph", "layer_group"]
 
@@ -53,14 +54,17 @@ def layer_group(
 ) -> OpGroup:
     """One transformer block of `kind` on one GPU for one micro-batch."""
     kind = kind or model.layer_kind(0)
-    if kind.mlp.startswith("dit"):
+    if kind.mlp == "measured":  # a block the standard fields do not describe (Mamba): priced as measured
+        group, ai, ag = whole_block_group(model, plan, kind)
+        mi = mg = 0.0
+    elif kind.mlp.startswith("dit"):
         group, ai, ag = dit_block_group(model, plan, kind)
         mi = mg = 0.0
     else:
         attn, ai, ag = attention_group(model, plan, kind)
         mlp, mi, mg = moe_group(model, plan, load) if kind.mlp == "moe" else dense_mlp_group(model, plan)
-        attn = replace(attn, ops=tuple(scoped(attn.ops, "attn")))
-        group = replace(attn + mlp, attn_ops=len(attn.ops))
+        attn = evolve(attn, ops=tuple(scoped(attn.ops, "attn")))
+        group = evolve(attn + mlp, attn_ops=len(attn.ops))
         if model.measured_blocks and kind.mlp == "dense":  # measured, no adapter: what the fields miss
             group = reconcile(group, model, plan, kind)
     group = as_the_stack_runs(group, plan, model.norm == "rmsnorm")

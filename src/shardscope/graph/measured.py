@@ -21,6 +21,27 @@ reconciles it with the measurement (`ModelSpec.measured_blocks`):
   (Gemma-2's soft-capped scores, BLOOM's ALiBi-biased ones) replace the standard unfused accounting.
 - Eager elementwise work is priced by bytes, as the standard graph prices it.
 
+Blocks the standard fields do not describe (`MeasuredBlock.whole`: a Mamba/SSM mixer, Jamba's Mamba + MLP
+or MoE, Nemotron-H's attention or MLP alone) are priced wholly from the measurement (`whole_block_group`):
+
+- each measured GEMM at its shape (the experts' top-k products as one grouped GEMM over the experts), at
+  the GPU's dense GEMM rate with the estimator's GEMM efficiency, its input saved;
+- the FLOPs of an attention in the block (the eager products over the s x s scores, measured) as a causal
+  flash-attention kernel of the config's head size, its output and log-sum-exp saved;
+- everything else (the Mamba selective scan, its causal convolution, gates, norms, residual adds) as one
+  memory-bound op at streaming HBM bandwidth, its bytes the measured activation traffic around the GEMMs:
+  every tensor a GEMM writes read once and every tensor a GEMM reads written once, plus the block's input
+  read and output written (backward twice that). This is what a fused selective-scan kernel moves (Mamba's
+  `selective_scan_cuda` reads u, Δ, B, C, z and writes y, keeping the state h in SRAM; Gu & Dao 2023, §3.3):
+  the scan is a recurrence of elementwise multiply-adds over d_inner x d_state per token, far below any
+  GEMM's arithmetic intensity, so its time is its bytes, not its FLOPs at the GEMM rate. Its FLOPs (the
+  measured ones beyond the GEMMs') are carried on the op for the hardware-FLOPs count only. The GEMMs'
+  outputs are saved for the backward (the scan's inputs), as the fused kernel saves them.
+
+Such blocks are not split by tensor, context or expert parallelism (`plan.make_plan` refuses those plans
+in one line): a scan's projections to Δ, B and C (x_proj) read the whole inner width and the recurrence
+runs along the whole sequence, which Megatron's column/row split and a sequence shard do not divide.
+
 The linear part of the measured saved bytes is what transformers' eager code keeps (fp32 copies in its
 norms, the rotated q and k), not what a training stack keeps; it is not added as such: what the standard
 graph misses is added structurally above, so that a family with an adapter prices the same either way
@@ -32,12 +53,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import combinations
 
-from shardscope.graph.common import BF16, NONE_ONLY, OpGroup, Shapes, gemm, norm, scoped, tagged
+from shardscope.errors import ShardscopeError
+from shardscope.graph.common import (
+    ALL,
+    BF16,
+    FP32,
+    NONE_ONLY,
+    NOT_FULL,
+    OpGroup,
+    Shapes,
+    flash_attention,
+    gemm,
+    norm,
+    scoped,
+    tagged,
+)
 from shardscope.graph.ops import Op, Saved
 from shardscope.models.spec import LayerKind, MeasuredBlock, ModelSpec
 from shardscope.plan.plan import Plan
 
-__all__ = ["measured_block", "reconcile"]
+__all__ = ["measured_block", "reconcile", "whole_block_group", "whole_block_problem"]
 
 # The standard graph's unfused core attention keeps its score matrices under this name (graph.attention).
 _UNFUSED_SCORES = "softmax out, dropout mask and out"
@@ -141,3 +176,79 @@ def reconcile(group: OpGroup, model: ModelSpec, plan: Plan, kind: LayerKind) -> 
         saved = [Saved(s.name, scores, s.policies, s.modules) if s.name == _UNFUSED_SCORES else s for s in saved]
 
     return OpGroup(tuple(ops + tail), tuple(saved), group.comms, attn_ops)
+
+
+def whole_block_problem(model: ModelSpec, plan: Plan) -> str | None:
+    """Why `plan` cannot run the blocks priced wholly from their measurement, or None: they are not split
+    by tensor, context or expert parallelism (module docstring); data parallel, FSDP and pipeline run them."""
+    blocks = model.whole_blocks
+    if not blocks:
+        return None
+    ssm = [b.attention for b in blocks if b.ssm]
+    names = ", ".join(ssm or [b.attention for b in blocks])
+    if plan.tp > 1:
+        why = (
+            "a state-space scan's x_proj (to dt, B, C) reads the whole inner width, which a column/row split "
+            "does not divide"
+            if ssm
+            else "how its projections split is not known from the measurement"
+        )
+        return (
+            f"--tp {plan.tp}: {names} blocks (measured, no adapter) are not split over tensor parallelism "
+            f"({why}); use --tp 1"
+        )
+    if plan.cp > 1:
+        return f"--cp {plan.cp}: {names} blocks (measured, no adapter) run along the whole sequence; use --cp 1"
+    if plan.ep > 1 and any(b.experts for b in blocks):
+        experts = ", ".join(b.attention for b in blocks if b.experts)
+        return f"--ep {plan.ep}: the experts of {experts} blocks (measured, no adapter) are not split; use --ep 1"
+    return None
+
+
+def whole_block_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGroup, float, float]:
+    """A block priced wholly from its measurement (module docstring), and the elements its FP8 GEMMs
+    quantize (inputs, output gradients)."""
+    if problem := whole_block_problem(model, plan):
+        raise ShardscopeError(problem)
+    block = model.whole_block(kind)
+    name = block.attention
+    sh = Shapes.of(plan)
+    t, h, s = sh.t, model.hidden, plan.seq_len
+    ops: list[Op] = []
+    saved: list[Saved] = [Saved("layer input", BF16 * t * h, ALL)]
+    fp8_in = fp8_grad = gemm_flops = 0.0
+    shapes = [(g, 1) for g in block.gemms] + [(g, block.experts) for g in block.expert_gemms]
+    for (rows, n, k, calls), groups in shapes:
+        what = "experts " if groups > 1 else ""
+        for c in range(calls):
+            label = f"{name} {what}gemm {n}x{k}" + (f" #{c + 1}" if calls > 1 else "")
+            ops.append(gemm(label, rows * t, n, k, sh.fp8, groups=groups))
+            # its input for the weight gradient, its output for the scan / elementwise code after it
+            saved += [
+                Saved(f"{label} input", sh.gemm_in * rows * t * k, NOT_FULL),
+                Saved(f"{label} output", BF16 * rows * t * n, NOT_FULL),
+            ]
+            fp8_in, fp8_grad = fp8_in + rows * t * k, fp8_grad + rows * t * n
+            gemm_flops += 2.0 * rows * t * n * k
+    if block.attention_flops:  # the score matmuls eager code ran over the s x s square, as a causal flash kernel
+        head_dim = block.head_dim or 128
+        heads = block.attention_flops / (4 * head_dim)  # QK^T and PV: 2 x 2·heads·head_dim per query per key
+        keys = (s + 1) / 2 if plan.causal else float(s)
+        flops = plan.micro_batch * block.attention_flops * s * keys
+        ops.append(flash_attention(f"{name} attention", flops, 4 * BF16 * t * heads * head_dim, head_dim,
+                                   query_rows=int(plan.micro_batch * heads * s)))  # fmt: skip
+        saved += [
+            Saved(f"{name} attention out", BF16 * t * heads * head_dim, NOT_FULL),
+            Saved(f"{name} log-sum-exp", FP32 * t * heads, NOT_FULL),
+        ]
+    # The rest: the scan and the elementwise code around the GEMMs, by the bytes it moves (module docstring).
+    io = t * block.io_bytes[0] + plan.micro_batch * max(block.io_bytes[1], 0.0) * s * s
+    per_seq_fwd, per_seq_bwd = (plan.micro_batch * c for c in block.flops_per_sequence)
+    rest_fwd = max(block.flops_fwd[0] * t + per_seq_fwd - gemm_flops, 0.0)
+    rest_bwd = max(block.flops_bwd[0] * t + per_seq_bwd - 2 * gemm_flops, 0.0)
+    what = "selective scan + elementwise" if block.ssm else "elementwise"
+    # a fused kernel between consecutive GEMMs (the scan, gates, norms, residual adds)
+    kernels = max(1, len(block.gemms))
+    ops.append(Op(f"{name} {what} (by bytes)", "memory", flops=rest_fwd, bytes=io, bwd_flops=rest_bwd,
+                  bwd_bytes=2 * io, launches=kernels))  # fmt: skip
+    return OpGroup(tuple(ops), tuple(saved), (), len(ops)), fp8_in, fp8_grad

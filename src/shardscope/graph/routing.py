@@ -45,10 +45,16 @@ class RoutingLoad:
 
 def expert_popularity(experts: int, skew: float, seed: int = 0) -> list[float]:
     """Zipf(α) popularity of each expert, in a seeded random placement order; α = 0 is uniform."""
+    return list(_popularity(experts, skew, seed))
+
+
+@lru_cache(maxsize=256)
+def _popularity(experts: int, skew: float, seed: int = 0) -> tuple[float, ...]:
+    """`expert_popularity`, kept (a pure function of its arguments: every op graph of a model asks it again)."""
     weights = [1.0 / (r + 1) ** skew for r in range(experts)]
     random.Random(seed).shuffle(weights)
     total = sum(weights)
-    return [w / total for w in weights]
+    return tuple(w / total for w in weights)
 
 
 @lru_cache(maxsize=256)
@@ -100,7 +106,7 @@ def routing_load(model: ModelSpec, plan: Plan) -> RoutingLoad:
     if model.moe is None:
         return RoutingLoad(1.0, 0.0)
     experts, ep = model.moe.experts, plan.ep
-    p = expert_popularity(experts, plan.moe_skew)
+    p = _popularity(experts, plan.moe_skew)
     capped = plan.capacity_factor > 0
     if capped:  # each expert keeps at most capacity_factor times the mean
         cap = plan.capacity_factor / experts

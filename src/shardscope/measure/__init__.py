@@ -7,7 +7,10 @@ decoder-layer kind, forward+backward FLOPs, saved-activation bytes and GEMM shap
 into a ModelSpec (`measure.spec`), whose blocks the op graph prices from what was measured where the
 standard fields fall short (`graph.measured`: GEMMs by measured shape, extra or shared norms, the eager
 score matrices of unfused attention). Mixture-of-experts blocks are measured through transformers' batched
-experts (`measure.meta`); blocks of several kinds (Mamba/SSM hybrids) are refused in one line.
+experts (`measure.meta`). Blocks the standard fields do not describe (Mamba/SSM mixers and the hybrids that
+mix them with attention: Jamba, Bamba, Nemotron-H; an attention or an MLP alone) are kinds of their own,
+priced wholly from what was measured (`graph.measured.whole_block_group`), and the estimate's warnings
+name them.
 
 This module imports neither torch nor transformers: the CLI starts without them, and a cached
 measurement is read without them.
@@ -23,7 +26,7 @@ from typing import Any
 
 from shardscope.errors import ShardscopeError, warn
 
-__all__ = ["EXTRA", "measured_model", "measurement", "trusting_remote_code"]
+__all__ = ["EXTRA", "measured_model", "measurement", "priced_from_measurement", "trusting_remote_code"]
 
 # The optional-dependency group that installs what measuring needs (pyproject.toml).
 EXTRA = "measure"
@@ -75,4 +78,21 @@ def measured_model(cfg: dict[str, Any], name: str, source_dir: Path | None = Non
         f"{name}: no adapter for model_type {cfg.get('model_type')!r}; structure measured from "
         f"{spec.measured} on the meta device ({spec.params_total:,} parameters, exact)"
     )
+    if text := priced_from_measurement(spec):
+        warn(f"{name}: {text}")
     return spec
+
+
+def priced_from_measurement(spec: Any) -> str:
+    """The sentence naming the block kinds priced wholly from their measurement ("" if none)."""
+    kinds = spec.layer_kinds()
+    parts = [
+        f"{b.attention} x{sum(k.attention == b.attention for k in kinds)}" + (" (SSM scan by bytes)" if b.ssm else "")
+        for b in spec.whole_blocks
+    ]
+    if not parts:
+        return ""
+    return (
+        "layer types priced from measurement (measured GEMMs at the GEMM rate, the rest by bytes at HBM "
+        f"bandwidth): {', '.join(parts)}"
+    )

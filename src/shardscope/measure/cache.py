@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 # Bump when the measurement record changes shape: older files are then measured again.
-SCHEMA = 2
+SCHEMA = 3
 ENV_DIR = "SHARDSCOPE_MEASURE_CACHE"  # overrides the cache folder (tests point it at a temporary one)
 
 

@@ -24,6 +24,17 @@ the experts' grouped GEMM (`expert_gemms`: top-k rows per token), and the gather
 grouped GEMM reads in place, are not counted as saved activations. How tokens spread over the experts
 (the hottest rank's load) is the estimator's routing model (`graph.routing`), not measured here.
 
+Blocks the standard fields cannot describe are measured as kinds of their own, named by their parts
+(`JambaMambaMixer+JambaSparseMoeBlock`, `NemotronHMamba2Mixer`), and priced wholly from the measurement
+(`graph.measured.whole_block_group`): a Mamba/SSM mixer (a depthwise Conv1d or an `A_log` decay), a layer the
+config's `layer_types` calls linear attention, an attention or an MLP alone (Nemotron-H), and every block of
+a model whose attention + MLP blocks the fields cannot read (RWKV; dense and MoE blocks mixed). Blocks alike
+are those of the same modules and parameter shapes. Besides FLOPs and GEMMs such a kind records the
+activation bytes its GEMMs read and write (the traffic of the fused kernels between them), the FLOPs of its
+products over an s x s matrix (an attention's scores: its s² part), its experts, and, without attention,
+its FLOPs as a·s + c (a scan's per-sequence start). Such models are measured at 64 and 128 tokens, or at one
+and two of the scan's chunks (`chunk_size`), where a chunked scan's cost is linear in the tokens.
+
 Nothing here runs a checkpoint's own code unless the caller allows it (`trust_remote_code`).
 """
 
@@ -32,6 +43,7 @@ from __future__ import annotations
 import inspect
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +53,14 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from shardscope.errors import ShardscopeError
+from shardscope.errors import ShardscopeError, warn
 from shardscope.measure.cache import SCHEMA
 
 # Sequence lengths of the two measuring passes (batch 1): small, since every quantity is a·s + b·s².
 SEQ_LENS = (128, 256)
+# ... of a model with blocks priced from their measurement (`_seq_lens`); multiples of the 64-token chunks
+# of transformers' reference gated-DeltaNet code (Qwen3-Next), whose chunk the config does not state
+SSM_SEQ_LENS = (64, 128)
 _ATTN_WORDS = ("attn", "attention")
 _aten = torch.ops.aten
 _GEMMS = {_aten.mm, _aten.addmm}
@@ -61,7 +76,11 @@ def build_meta_model(cfg: dict[str, Any], source_dir: Path | None = None, trust_
     native = isinstance(model_type, str) and model_type in CONFIG_MAPPING
     try:
         if native:
-            config = AutoConfig.for_model(model_type, **{k: v for k, v in cfg.items() if k != "model_type"})
+            try:
+                config = AutoConfig.for_model(model_type, **{k: v for k, v in cfg.items() if k != "model_type"})
+            except Exception as exc:  # the config class's own validation (huggingface_hub's strict dataclasses)
+                lines = [x.strip() for x in str(exc).splitlines() if x.strip()] or [type(exc).__name__]
+                raise ShardscopeError(f"transformers rejects the config: {lines[-1]}") from None
         elif not trust_remote_code:
             raise ShardscopeError(
                 f"not built into transformers {transformers.__version__}; its code ships with the checkpoint "
@@ -121,11 +140,15 @@ def _norms(layer: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(p, m) for p, m in layer.named_modules() if "norm" in type(m).__name__.lower()]
 
 
-def read_structure(model: nn.Module, layers: nn.ModuleList, order: list[str]) -> dict[str, Any]:
-    """The standard ModelSpec fields of a dense decoder, read from the built module tree; `order`: the
-    paths of the first block's linear modules in the order they ran (the last of the attention's and of
-    the MLP's is its output projection)."""
+def read_structure(
+    model: nn.Module, layers: Sequence[nn.Module], order: list[str], count: int | None = None
+) -> dict[str, Any]:
+    """The standard ModelSpec fields of a dense decoder, read from the built module tree; `layers`: its
+    standard attention + MLP blocks (all of them but a hybrid's others), `count` all its blocks; `order`:
+    the paths of the first block's linear modules in the order they ran (the last of the attention's and
+    of the MLP's is its output projection)."""
     config = model.config
+    count = len(layers) if count is None else count
     emb = model.get_input_embeddings()
     hidden, vocab = emb.embedding_dim, emb.num_embeddings
     layer = layers[0]
@@ -185,7 +208,7 @@ def read_structure(model: nn.Module, layers: nn.ModuleList, order: list[str]) ->
         position, rows = ("alibi" if "alibi" in source.lower() else "learned"), 0
     return dict(
         hidden=hidden,
-        layers=len(layers),
+        layers=count,
         heads=heads,
         kv_heads=kv_total // (2 * head_dim),
         head_dim=head_dim,
@@ -202,17 +225,25 @@ def read_structure(model: nn.Module, layers: nn.ModuleList, order: list[str]) ->
         lm_head_bias=out_emb is not None and getattr(out_emb, "bias", None) is not None,
         position=position,
         pos_embedding_rows=rows,
-        **_attention_layout(config, len(layers)),
+        **_attention_layout(config, count),
     ) | ({"moe": moe} if moe else {})
 
 
 def _experts_module(layer: nn.Module) -> nn.Module | None:
     """The module of a block holding the experts' stacked (3-D) weights, or None (a dense block)."""
-    return next((m for m in layer.modules() if any(p.dim() == 3 for p in m.parameters(recurse=False))), None)
+    return next(
+        (
+            m
+            for m in layer.modules()
+            if not isinstance(m, nn.Conv1d)  # a Mamba mixer's depthwise convolution
+            and any(p.dim() == 3 and p.shape[0] > 1 for p in m.parameters(recurse=False))  # not RWKV's (1, 1, h)
+        ),
+        None,
+    )
 
 
 def _moe_structure(
-    model: nn.Module, layers: nn.ModuleList, hidden: int, other: list[tuple[str, nn.Linear]]
+    model: nn.Module, layers: Sequence[nn.Module], hidden: int, other: list[tuple[str, nn.Linear]]
 ) -> dict[str, Any]:
     """The MoESpec fields of a block whose experts are stacked weights (transformers' Mixtral, Qwen2/3-MoE,
     OLMoE layout), read from the weights' shapes: experts, the expert FFN size (and whether gated: the up
@@ -270,8 +301,9 @@ class _Meter(TorchDispatchMode):
     """Counts each aten op's FLOPs (the flop counter's formulas) against the decoder layer running it, in
     forward or backward, and records the forward GEMM shapes (M, N, K)."""
 
-    def __init__(self) -> None:
+    def __init__(self, seq: int = 0) -> None:
         super().__init__()
+        self.seq = seq  # tokens of the pass: a batched product over fewer rows is not the experts'
         self.registry = FlopCounterMode(display=False).flop_registry
         self.layer: int | None = None  # the decoder layer whose ops run now (None: embedding, head, loss)
         self.backward = False
@@ -279,6 +311,12 @@ class _Meter(TorchDispatchMode):
         self.gemms: defaultdict[int | None, Counter[tuple[int, int, int]]] = defaultdict(Counter)
         # batched matrix-vector products of gathered expert weights: (token-expert pairs, N, K)
         self.experts: defaultdict[int | None, Counter[tuple[int, int, int]]] = defaultdict(Counter)
+        # forward bytes of the activations the GEMMs read and write (inputs and outputs, not weights): what
+        # the fused elementwise and scan kernels between them read and write (`graph.measured`)
+        self.io: defaultdict[int | None, float] = defaultdict(float)
+        # forward FLOPs of products over an s x s matrix: eager attention's scores (or a scan's chunk, where
+        # the chunk is the pass's length: `measure_config` reads them at the longer pass)
+        self.scores: defaultdict[int | None, float] = defaultdict(float)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -289,12 +327,23 @@ class _Meter(TorchDispatchMode):
             if packet in _GEMMS and not self.backward:
                 a, b = (args[0], args[1]) if packet is _aten.mm else (args[1], args[2])
                 self.gemms[self.layer][(a.shape[0], b.shape[1], a.shape[1])] += 1
+                self.io[self.layer] += (a.numel() + out.numel()) * out.element_size()
+            square = (self.seq, self.seq)
+            if packet in (_aten.bmm, _aten.baddbmm) and not self.backward:
+                a = args[0] if packet is _aten.bmm else args[1]
+                if tuple(out.shape[-2:]) == square or tuple(a.shape[-2:]) == square:  # QK^T, or PV over the scores
+                    self.scores[self.layer] += self.registry[packet](*args, **kwargs, out_val=out)
             if packet is _aten.bmm and not self.backward:
                 a, b = args[0], args[1]
-                if b.shape[2] == 1:  # (pairs, N, K) weights @ (pairs, K, 1) inputs
-                    self.experts[self.layer][(a.shape[0], a.shape[1], a.shape[2])] += 1
-                elif a.shape[1] == 1:  # (pairs, 1, K) inputs @ (pairs, K, N) transposed weights
-                    self.experts[self.layer][(a.shape[0], b.shape[2], a.shape[2])] += 1
+                pairs = a.shape[0] >= self.seq  # one product per token-expert pair (not a scan's per-step one)
+                shape = None
+                if pairs and b.shape[2] == 1:  # (pairs, N, K) weights @ (pairs, K, 1) inputs
+                    shape = (a.shape[0], a.shape[1], a.shape[2])
+                elif pairs and a.shape[1] == 1:  # (pairs, 1, K) inputs @ (pairs, K, N) transposed weights
+                    shape = (a.shape[0], b.shape[2], a.shape[2])
+                if shape:
+                    self.experts[self.layer][shape] += 1
+                    self.io[self.layer] += shape[0] * (shape[1] + shape[2]) * out.element_size()
         return out
 
 
@@ -330,10 +379,11 @@ def _gathered_weights(t: torch.Tensor) -> bool:
     )
 
 
-def _measure_pass(model: nn.Module, layers: nn.ModuleList, seq: int) -> dict[str, Any]:
+def _measure_pass(model: nn.Module, layers: nn.ModuleList, seq: int, probed: int = 0) -> dict[str, Any]:
     """One forward + backward of a batch of one `seq`-token sequence with a loss; per layer: FLOPs
-    (forward, backward), saved-activation bytes, forward GEMM shapes; and whether layer 0 is parallel."""
-    meter = _Meter()
+    (forward, backward), saved-activation bytes, forward GEMM shapes and the bytes of the activations they
+    read and write (with the block's input and output); and whether layer `probed` is a parallel block."""
+    meter = _Meter(seq)
     params = {id(p) for p in model.parameters()}
     saved: defaultdict[int | None, float] = defaultdict(float)
     kept: dict[int, torch.Tensor] = {}  # each saved storage once (views of one tensor share it)
@@ -354,6 +404,8 @@ def _measure_pass(model: nn.Module, layers: nn.ModuleList, seq: int) -> dict[str
         def enter(mod: nn.Module, args: tuple, kwargs: dict, i: int = i) -> None:
             meter.layer = i
             x = _first_tensor(args) if args else kwargs.get("hidden_states")
+            if isinstance(x, torch.Tensor):  # the block reads its input and writes its output once
+                meter.io[i] += 2 * x.numel() * x.element_size()
             if isinstance(x, torch.Tensor) and x.requires_grad:
                 # fires when the gradient of the layer's input is complete: its backward is done
                 x.register_hook(lambda g, i=i: setattr(meter, "layer", None) if meter.layer == i else None)
@@ -366,9 +418,9 @@ def _measure_pass(model: nn.Module, layers: nn.ModuleList, seq: int) -> dict[str
 
         handles.append(layer.register_forward_pre_hook(enter, with_kwargs=True))
         handles.append(layer.register_forward_hook(leave))
-    # Parallel block probe on layer 0: the attention output projection's output and the MLP's input.
-    # Layer 0's linear modules in the order they run, with the autograd nodes of their input and output.
-    for path, m in layers[0].named_modules():
+    # Parallel block probe on layer `probed`: the attention output projection's output and the MLP's input.
+    # Its linear modules in the order they run, with the autograd nodes of their input and output.
+    for path, m in layers[probed].named_modules():
         if isinstance(m, nn.Linear):
 
             def seen(mod: nn.Module, args: tuple, out: torch.Tensor, path: str = path) -> None:
@@ -395,6 +447,8 @@ def _measure_pass(model: nn.Module, layers: nn.ModuleList, seq: int) -> dict[str
         saved=[saved[i] for i in range(n)],
         gemms=[meter.gemms[i] for i in range(n)],
         experts=[meter.experts[i] for i in range(n)],
+        io=[meter.io[i] for i in range(n)],
+        scores=[meter.scores[i] for i in range(n)],
         other_fwd=meter.flops[(None, False)],
         other_bwd=meter.flops[(None, True)],
         parallel=parallel,
@@ -402,16 +456,84 @@ def _measure_pass(model: nn.Module, layers: nn.ModuleList, seq: int) -> dict[str
     )
 
 
-def _check_uniform(model: nn.Module, layers: nn.ModuleList) -> None:
-    """Refuse, before the (slow) forward pass, blocks the spec cannot describe yet: blocks of several
-    classes (hybrids: Jamba, Falcon-H1, Bamba) or without attention projections (Mamba)."""
-    name = type(model).__name__
-    classes = sorted({type(layer).__name__ for layer in layers})
-    if len(classes) > 1:
-        raise ShardscopeError(f"{name}: hybrid blocks ({', '.join(classes)}); measuring them is not supported yet")
-    attn, _ = _linears(layers[0])
-    if not attn:
-        raise ShardscopeError(f"{name}: its blocks have no attention projections; measuring them is not supported yet")
+def _is_ssm(layer: nn.Module) -> bool:
+    """A block holding a state-space (Mamba) mixer: its causal depthwise convolution or its A_log decay."""
+    return any(isinstance(m, nn.Conv1d) for m in layer.modules()) or any(
+        n.endswith("A_log") for n, _ in layer.named_parameters()
+    )
+
+
+def _is_standard(layer: nn.Module) -> bool:
+    """An attention + MLP (or experts) block the standard fields describe; anything else (a Mamba mixer, an
+    attention or an MLP alone, a parallel attention + Mamba) is priced wholly from what was measured."""
+    attn, other = _linears(layer)
+    return not _is_ssm(layer) and bool(attn) and bool(other or _experts_module(layer) is not None)
+
+
+def _signature(layer: nn.Module) -> tuple:
+    """Blocks alike: the same modules holding parameters of the same shapes (one class may hold a Mamba,
+    an attention or an MLP mixer: Nemotron-H's, Bamba's blocks)."""
+    return tuple(
+        (path, type(m).__name__, tuple(tuple(p.shape) for p in m.parameters(recurse=False)))
+        for path, m in layer.named_modules()
+    )
+
+
+def _label(layer: nn.Module) -> str:
+    """A measured block's name: the classes of its parts besides its norms (`JambaMambaMixer+JambaMLP`)."""
+    parts = [
+        type(m).__name__
+        for _, m in layer.named_children()
+        if _params(m) and "norm" not in type(m).__name__.lower() and not isinstance(m, nn.Linear)
+    ]
+    return "+".join(parts) or type(layer).__name__
+
+
+def _placeholder_structure(model: nn.Module, count: int) -> dict[str, Any]:
+    """The standard fields of a model without an attention + MLP block (Mamba): the embedding, the final
+    norm and the output layer are read; the block fields, which no block uses (every block is priced from
+    its measurement), are the smallest valid ones."""
+    emb = model.get_input_embeddings()
+    hidden, vocab = emb.embedding_dim, emb.num_embeddings
+    out_emb = model.get_output_embeddings()
+    norms = [m for _, m in _norms(model) if _params(m) in (hidden, 2 * hidden)]
+    layernorm = any(isinstance(m, nn.LayerNorm) for m in norms)
+    return dict(
+        hidden=hidden,
+        layers=count,
+        heads=1,
+        kv_heads=1,
+        head_dim=hidden,
+        ffn_hidden=hidden,
+        vocab=vocab,
+        norm="layernorm" if layernorm else "rmsnorm",
+        norm_bias=layernorm and any(getattr(m, "bias", None) is not None for m in norms),
+        tied_embeddings=out_emb is not None and out_emb.weight is emb.weight,
+        lm_head_bias=out_emb is not None and getattr(out_emb, "bias", None) is not None,
+        position="learned",
+        pos_embedding_rows=0,
+        attention_window=0,
+        attention_pattern=[],
+    )
+
+
+def _seq_lens(model: nn.Module, measured: bool) -> tuple[int, int]:
+    """The two measuring lengths: SEQ_LENS; with blocks priced from their measurement, shorter ones (eager
+    Mamba runs its scan one token at a time: hundreds of ops per token), or with a chunked state-space scan
+    (Mamba-2's SSD) one and two chunks, over which its cost is linear in the tokens as at any multiple of
+    the chunk."""
+    if not measured:
+        return SEQ_LENS
+    config = model.config
+    keys = ("chunk_size", "mamba_chunk_size", "block_size")  # Mamba-2, Falcon-H1/Bamba, MiniMax's lightning attention
+    chunk = next((int(getattr(config, k, 0) or 0) for k in keys if hasattr(config, k)), 0)
+    return (chunk, 2 * chunk) if chunk > 0 else SSM_SEQ_LENS
+
+
+def _line(v1: float, v2: float, s1: int, s2: int) -> tuple[float, float]:
+    """(a, c) with a·s + c through (s1, v1) and (s2, v2): per-token and per-sequence parts."""
+    a = (v2 - v1) / (s2 - s1)
+    return a, v1 - a * s1
 
 
 def _fit(v1: float, v2: float, s1: int, s2: int) -> list[float]:
@@ -423,20 +545,65 @@ def _fit(v1: float, v2: float, s1: int, s2: int) -> list[float]:
 def measure_config(
     cfg: dict[str, Any], source_dir: Path | None = None, trust_remote_code: bool = False
 ) -> dict[str, Any]:
-    """The measurement record of `cfg` (JSON-ready; `measure.spec` turns it into a ModelSpec)."""
+    """The measurement record of `cfg` (JSON-ready; `measure.spec` turns it into a ModelSpec). Attention +
+    MLP blocks are read into the standard fields; the others (Mamba/SSM mixers, an attention or an MLP
+    alone) are kinds of their own, named by their parts and priced wholly from what was measured."""
+    # transformers' notes that its reference PyTorch kernels stand in for mamba-ssm's are no news here:
+    # nothing runs but shapes (the meta device)
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        return _measure(cfg, source_dir, trust_remote_code)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+
+def _measure(cfg: dict[str, Any], source_dir: Path | None, trust_remote_code: bool) -> dict[str, Any]:
     model = build_meta_model(cfg, source_dir, trust_remote_code)
     _, layers = decoder_layers(model)
-    _check_uniform(model, layers)
-    s1, s2 = SEQ_LENS
+    groups: dict[tuple, list[int]] = {}
+    types = getattr(model.config, "layer_types", None)
+    for i, layer in enumerate(layers):
+        kind = str(types[i]) if isinstance(types, (list, tuple)) and len(types) == len(layers) else ""
+        groups.setdefault((_signature(layer), "linear" in kind), []).append(i)
+    # Linear attention (the config's layer type says so: MiniMax's lightning attention, Qwen3-Next's gated
+    # DeltaNet, Jamba's Mamba) is no softmax attention the standard fields could price.
+    types = getattr(model.config, "layer_types", None)
+    linear = {i for i, t in enumerate(types or ()) if "linear" in str(t)} if len(types or ()) == len(layers) else set()
+    standard = [i for i, layer in enumerate(layers) if _is_standard(layer) and i not in linear]
+    whole = {tuple(idx) for idx in groups.values() if idx[0] not in standard}
+    s1, s2 = _seq_lens(model, bool(whole))
+    probed = standard[0] if standard else 0
     try:
-        one, two = (_measure_pass(model, layers, s) for s in (s1, s2))
+        one, two = (_measure_pass(model, layers, s, probed) for s in (s1, s2))
     except ShardscopeError:
         raise
     except Exception as exc:  # the family's own forward, on the meta device: whatever it raises is one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ShardscopeError(f"{type(model).__name__}: its forward pass failed on the meta device: {first}") from None
-    structure = read_structure(model, layers, one["order"])
+    structure: dict[str, Any] = {}
+    if standard:
+        try:
+            structure = read_structure(model, [layers[i] for i in standard], one["order"], len(layers))
+        except ShardscopeError as exc:  # blocks the fields cannot describe: priced wholly from what was measured
+            if not whole and len(groups) == 1 and not _is_ssm(layers[0]):
+                raise  # a uniform attention + MLP block misread is a bug to see, not to price around
+            why = str(exc).split("; measuring")[0]  # the standard fields' reason, without "not supported yet"
+            warn(f"{why}: its blocks are priced wholly from what was measured")
+            whole |= {tuple(idx) for idx in groups.values()}
+            standard = []
+    if not standard:
+        structure = _placeholder_structure(model, len(layers))
     pattern = structure["attention_pattern"] or ["window" if structure["attention_window"] else "full"] * len(layers)
+    labels: dict[int, str] = {}
+    for idx in sorted(whole):
+        label = _label(layers[idx[0]])
+        while label in labels.values():  # two blocks of the same parts and other sizes
+            label += "'"
+        labels |= dict.fromkeys(idx, label)
+    pattern = [labels.get(i, kind) for i, kind in enumerate(pattern)]
+    if labels:
+        structure["attention_pattern"] = pattern
     kinds: dict[str, dict[str, Any]] = {}
     for i, kind in enumerate(pattern):
         if kind in kinds:
@@ -455,6 +622,14 @@ def measure_config(
             gemms=gemms,
             expert_gemms=expert_gemms,
         )
+        if i in labels:
+            kinds[kind] |= _whole_block(model, layers[i], _fit(one["io"][i], two["io"][i], s1, s2))
+            # its attention's score FLOPs per query per key (over the s x s square the eager code computes)
+            kinds[kind]["attention_flops"] = scores = two["scores"][i] / s2**2
+            if not scores:  # no attention: linear in s, with a cost per sequence (a scan's start)
+                a_f, c_f = _line(one["fwd"][i], two["fwd"][i], s1, s2)
+                a_b, c_b = _line(one["bwd"][i], two["bwd"][i], s1, s2)
+                kinds[kind] |= dict(flops_fwd=[a_f, 0.0], flops_bwd=[a_b, 0.0], flops_per_sequence=[c_f, c_b])
     layer_params = [_params(layer) for layer in layers]
     return dict(
         schema=SCHEMA,
@@ -464,11 +639,32 @@ def measure_config(
         model_type=str(cfg.get("model_type")),
         params_total=_params(model),
         layer_params=layer_params,
-        structure=structure | {"parallel_block": one["parallel"]},
+        structure=structure | {"parallel_block": one["parallel"] if standard else False},
         seq_lens=[s1, s2],
         kinds=kinds,
         other=dict(
             flops_fwd=_fit(one["other_fwd"], two["other_fwd"], s1, s2),
             flops_bwd=_fit(one["other_bwd"], two["other_bwd"], s1, s2),
         ),
+    )
+
+
+def _whole_block(model: nn.Module, layer: nn.Module, io_bytes: list[float]) -> dict[str, Any]:
+    """What pricing a block wholly from its measurement needs besides FLOPs and GEMMs: its activation
+    traffic around the GEMMs (`io_bytes`, a·s + b·s²), whether it holds a state-space scan, its experts
+    (count and parameters: the routed weights a token does not use), and the config's attention head size."""
+    config = model.config
+    experts = _experts_module(layer)
+    expert_params = sum(p.numel() for p in experts.parameters(recurse=False) if p.dim() == 3) if experts else 0
+    heads = int(getattr(config, "num_attention_heads", 0) or 0)
+    hidden = model.get_input_embeddings().embedding_dim
+    head_dim = int(getattr(config, "head_dim", 0) or 0) or (hidden // heads if heads else 0)
+    return dict(
+        whole=True,
+        ssm=_is_ssm(layer),
+        io_bytes=io_bytes,
+        experts=int(next(iter(experts.parameters(recurse=False))).shape[0]) if experts else 0,
+        expert_params=int(expert_params),
+        head_dim=head_dim,  # of the config's attention, where the block has one (its s² FLOPs say so)
+        parts=[type(m).__name__ for _, m in layer.named_children()],
     )

@@ -28,9 +28,11 @@ def spec_from_measurement(record: dict[str, Any], name: str) -> ModelSpec:
         total = int(record["params_total"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ShardscopeError(f"malformed measurement record for {name}: {exc!r}") from None
-    standard = spec.layer_params_of(spec.layer_kind(0))
-    # The block's excess where every block holds the same; blocks that differ leave theirs outside.
-    extra_layer = per_layer[0] - standard if len(set(per_layer)) == 1 else 0
+    # The standard blocks' excess where every one holds the same; blocks that differ leave theirs outside.
+    # Blocks priced wholly from their measurement hold their exact count already.
+    std = [i for i, kind in enumerate(spec.layer_kinds()) if kind.mlp != "measured"]
+    counts = {per_layer[i] for i in std}
+    extra_layer = per_layer[std[0]] - spec.layer_params_of(spec.layer_kind(std[0])) if len(counts) == 1 else 0
     spec = replace(spec, extra_layer_params=extra_layer)
     return replace(spec, extra_params=total - spec.params_total)
 
@@ -42,9 +44,26 @@ def _block(kind: str, part: dict[str, Any]) -> MeasuredBlock:
         a, b = part[key]
         return float(a), float(b)
 
-    # (rows per token, N, K, calls per pass): a projection has one row per token
-    gemms = tuple(sorted((float(m), int(n), int(k), int(c)) for m, n, k, c in part["gemms"]))
-    return MeasuredBlock(kind, pair("flops_fwd"), pair("flops_bwd"), pair("saved_bytes"), gemms)  # type: ignore[arg-type]
+    def shapes(key: str) -> tuple[tuple[float, int, int, int], ...]:
+        # (rows per token, N, K, calls per pass): a projection has one row per token
+        return tuple(sorted((float(m), int(n), int(k), int(c)) for m, n, k, c in part.get(key, ())))
+
+    block = MeasuredBlock(kind, pair("flops_fwd"), pair("flops_bwd"), pair("saved_bytes"), shapes("gemms"))  # type: ignore[arg-type]
+    if not part.get("whole"):
+        return block
+    return replace(
+        block,
+        whole=True,
+        ssm=bool(part["ssm"]),
+        params=int(part["params"]),
+        io_bytes=pair("io_bytes"),
+        expert_gemms=shapes("expert_gemms"),
+        experts=int(part["experts"]),
+        expert_params=int(part["expert_params"]),
+        head_dim=int(part["head_dim"]),
+        flops_per_sequence=pair("flops_per_sequence") if "flops_per_sequence" in part else (0.0, 0.0),
+        attention_flops=float(part["attention_flops"]),
+    )
 
 
 def flops_per_token(record: dict[str, Any], seq_len: int) -> float:
@@ -56,4 +75,5 @@ def flops_per_token(record: dict[str, Any], seq_len: int) -> float:
         for key in ("flops_fwd", "flops_bwd"):
             a, b = part[key]
             total += count * (a + b * seq_len)
+        total += count * sum(part.get("flops_per_sequence", ())) / seq_len
     return total

@@ -112,13 +112,35 @@ class MeasuredBlock:
     flops_bwd: tuple[float, float]
     saved_bytes: tuple[float, float]
     gemms: tuple[tuple[float, int, int, int], ...]
+    # A block the standard fields do not describe (a Mamba/SSM mixer, an attention or an MLP alone, Jamba's
+    # Mamba + MoE), priced wholly from this measurement (`graph.measured.whole_block_group`); `attention` is
+    # then its name (`JambaMambaMixer+JambaMLP`) and the layers of the pattern that name it are its kind.
+    whole: bool = False
+    ssm: bool = False  # it holds a state-space scan
+    params: int = 0  # its exact parameters
+    io_bytes: tuple[float, float] = (0.0, 0.0)  # forward activation bytes the GEMMs read and write, a·s + b·s²
+    expert_gemms: tuple[tuple[float, int, int, int], ...] = ()  # (rows per token = top-k, N, K, calls)
+    experts: int = 0
+    expert_params: int = 0  # its routed experts' weights (all of them)
+    head_dim: int = 0  # of its attention, where its s² FLOPs show one
+    # forward and backward FLOPs per sequence besides the per-token ones (a block without attention is
+    # measured as a·s + c: a scan's start, its decay's exponential); flops_fwd/bwd then hold (a, 0)
+    flops_per_sequence: tuple[float, float] = (0.0, 0.0)
+
+    @property
+    def gemm_flops_per_token(self) -> float:
+        """Forward FLOPs per token of its GEMMs (projections and the experts' top-k products)."""
+        return sum(2.0 * m * n * k * c for m, n, k, c in self.gemms + self.expert_gemms)
+
+    # forward FLOPs per query per key of its attention's score matmuls (QK^T and PV; 0: no attention)
+    attention_flops: float = 0.0
 
 
 class LayerKind(NamedTuple):
     """What distinguishes one transformer block from another in the cost model."""
 
-    attention: AttentionKind = "full"
-    mlp: Literal["dense", "moe", "dit", "dit-double", "dit-single"] = "dense"
+    attention: AttentionKind = "full"  # or, with mlp "measured", the name of a measured block
+    mlp: Literal["dense", "moe", "dit", "dit-double", "dit-single", "measured"] = "dense"
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +237,8 @@ class ModelSpec(Memoised):
         if self.attention_pattern:
             if len(self.attention_pattern) != self.layers:
                 return f"the attention pattern names {len(self.attention_pattern)} layers, the model has {self.layers}"
-            if unknown := sorted(set(self.attention_pattern) - {"full", "window", "chunk"}):
+            known = {"full", "window", "chunk"} | {b.attention for b in self.measured_blocks if b.whole}
+            if unknown := sorted(set(self.attention_pattern) - known):
                 return f"unknown attention kinds {', '.join(map(repr, unknown))} (valid: full, window, chunk)"
         return _moe_problem(self.moe, self.layers) or _mla_problem(self.mla) or _dit_problem(self.dit, self.layers)
 
@@ -232,7 +255,18 @@ class ModelSpec(Memoised):
                 return LayerKind("full", "dit-double" if i < self.dit.double_layers else "dit-single")
             return LayerKind("full", "dit")
         attn = self.attention_pattern[i] if self.attention_pattern else ("window" if self.attention_window else "full")
+        if attn not in ("full", "window", "chunk"):  # a block priced wholly from its measurement
+            return LayerKind(attention=attn, mlp="measured")  # type: ignore[arg-type]
         return LayerKind(attention=attn, mlp="moe" if self.is_moe_layer(i) else "dense")  # type: ignore[arg-type]
+
+    def whole_block(self, kind: LayerKind) -> MeasuredBlock:
+        """The measurement of a kind priced wholly from it (`kind.mlp == "measured"`)."""
+        return next(b for b in self.measured_blocks if b.whole and b.attention == kind.attention)
+
+    @property
+    def whole_blocks(self) -> tuple[MeasuredBlock, ...]:
+        """The measured blocks priced wholly from their measurement (none for an adapted model)."""
+        return tuple(b for b in self.measured_blocks if b.whole)
 
     def layer_kinds(self) -> tuple[LayerKind, ...]:
         return self.memoised("layer_kinds", lambda: tuple(self.layer_kind(i) for i in range(self.layers)))
@@ -405,6 +439,8 @@ class ModelSpec(Memoised):
         return self.dit_embedder_params() + self.dit_head_params()
 
     def layer_params_of(self, kind: LayerKind) -> int:
+        if kind.mlp == "measured":
+            return self.whole_block(kind).params
         if kind.mlp.startswith("dit"):
             return self.dit_block_params(kind)
         mlp = self.moe_block_params if kind.mlp == "moe" else self.mlp_params
@@ -443,10 +479,15 @@ class ModelSpec(Memoised):
     @property
     def params_active(self) -> int:
         """Parameters a token passes through: all but the routed experts it is not sent to."""
+        idle = 0.0
+        for kind, n in self.kind_counts(range(self.layers)).items():  # measured blocks' routed experts
+            if kind.mlp == "measured" and (b := self.whole_block(kind)).experts:
+                top_k = sum(m * c for m, _, _, c in b.expert_gemms) / max(len(b.expert_gemms), 1)
+                idle += n * b.expert_params * (1 - top_k / b.experts)
         if self.moe is None:
-            return self.params_total
-        idle = (self.moe.experts - self.moe.top_k) * self.expert_params
-        return self.params_total - self.moe_layers * idle
+            return self.params_total - round(idle)
+        idle += self.moe_layers * (self.moe.experts - self.moe.top_k) * self.expert_params
+        return self.params_total - round(idle)
 
     @property
     def mtp_kind(self) -> LayerKind:
@@ -465,6 +506,8 @@ class ModelSpec(Memoised):
     def matmul_params_per_token(self, kind: LayerKind) -> int:
         """Weights one token multiplies in a block (routed: top-k experts + shared + router; DiT: the
         block's weights, but cross-attention K/V are counted on the text tokens, see `cross_kv`)."""
+        if kind.mlp == "measured":  # the measured forward FLOPs per token linear in s, halved (the attention's
+            return round(self.whole_block(kind).flops_fwd[0] / 2)  # are `keys_per_query`'s; a scan's are here)
         if kind.mlp.startswith("dit"):
             d = self.hidden
             if kind.mlp == "dit":  # self-attn 4d², cross q/out 2d², FFN 2df
@@ -492,6 +535,10 @@ class ModelSpec(Memoised):
         """Average keys each query attends to: (s+1)/2 causal; a sliding window of w keeps
         (w·s − w(w−1)/2)/s; chunked attention of c keeps (c+1)/2."""
         s, w = seq_len, self.attention_window
+        if kind.mlp == "measured":  # its score FLOPs as keys of this spec's heads: 0 without an attention
+            keys = (s + 1) / 2 if causal else float(s)
+            per_key = 2 * self.heads * (self.qk_head_dim + self.v_head_dim)
+            return self.whole_block(kind).attention_flops * keys / per_key
         if kind.attention == "window" and w and w < s:
             return (w * s - w * (w - 1) / 2) / s if causal else float(min(2 * w, s))
         if kind.attention == "chunk" and w and w < s:

@@ -586,6 +586,10 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         raise ShardscopeError(
             f"tp·pp·cp·dp = {plan.tp}·{plan.pp}·{plan.cp}·{dp} = {plan.gpus} does not equal --gpus {cluster.gpus}"
         )
+    from shardscope.graph.measured import whole_block_problem  # blocks priced from what was measured
+
+    if problem := whole_block_problem(model, plan):
+        raise ShardscopeError(problem)
     # Megatron-Core shards whole heads and whole query groups over TP (TransformerConfig: heads % tp == 0;
     # query groups a multiple or, from 0.16, a divisor of tp, the KV heads then replicated). Replicated KV
     # heads are not modelled, so the KV heads, like the heads and the FFN, must split evenly.

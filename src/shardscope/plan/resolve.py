@@ -36,9 +36,12 @@ def stack_plan(model: ModelSpec, cluster: Cluster, stack: Stack | str | None = N
     for key, value in conditional.items():
         if key in stated or not value:
             continue
+        if key == "ep_comm_overlap":  # its rules do not read the overlap itself: checked on the plan as it is
+            if ep_overlap_problem(plan) is None:
+                plan = evolve(plan, ep_comm_overlap=value)
+            continue
         candidate = evolve(plan, **{key: value})
-        problem = ep_overlap_problem(candidate) if key == "ep_comm_overlap" else cuda_graph_problem(model, candidate)
-        if problem is None:
+        if cuda_graph_problem(model, candidate) is None:
             plan = candidate
     return plan
 

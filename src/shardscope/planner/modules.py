@@ -142,9 +142,14 @@ def _checked_stage_kinds(model: ModelSpec, cluster: Cluster, plan: Plan) -> tupl
     from shardscope.graph.build import build_stage_graph
 
     graph = build_stage_graph(model, plan, cluster.gpu.arch)
-    ranks = plan.rank_layers(model.layers)
-    checked = memory_ranks(model, plan.pp, plan.vpp, plan.pp_layout)
-    return graph, Counter(graph.kinds[i] for r in checked for i in ranks[r])
+
+    def counts() -> Counter[LayerKind]:
+        ranks = plan.rank_layers(model.layers)
+        checked = memory_ranks(model, plan.pp, plan.vpp, plan.pp_layout)
+        return Counter(graph.kinds[i] for r in checked for i in ranks[r])
+
+    # memoised on the model by the layout that fixes them (the graph's kinds are the model's layers')
+    return graph, model.memoised(("checked stage kinds", plan.pp, plan.vpp, plan.pp_layout), counts)
 
 
 def module_frontier(model: ModelSpec, cluster: Cluster, plan: Plan) -> list[tuple[tuple[str, ...], float]]:

@@ -12,9 +12,11 @@ recompute.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,12 +32,12 @@ from shardscope.planner.space import AUTO_EP_DISPATCHES, RECOMPUTE_LEVELS, Searc
 from shardscope.records import evolve
 from shardscope.result import Estimate
 from shardscope.step.core import (
-    RankMemory,
     StepCosts,
+    allocated_bytes,
     fixed_rank_memory,
+    overhead_bytes,
     place_groups,
-    rank_memory,
-    stage_cost,
+    rank_stage,
     step_costs,
 )
 
@@ -81,8 +83,10 @@ class SearchResult:
 HEADROOM_GIB = 2.0
 
 
-def _footprint_gib(m: RankMemory) -> float:
-    return (m.allocated + m.overhead) / GIB
+def _parts_footprint_gib(state: StateBytes, activations: float, buffers: float, freed: bool = False) -> float:
+    """What the `RankMemory` of these parts (`rank_memory`) allocates, with the overhead outside the allocator,
+    in GiB: the footprint checked against HBM, without building the record."""
+    return (allocated_bytes(state, activations, buffers, freed) + overhead_bytes(activations, buffers)) / GIB
 
 
 def _fits_memory(model: ModelSpec, cluster: Cluster, plan: Plan, fixed: dict | None = None) -> bool:
@@ -94,10 +98,11 @@ def _fits_memory(model: ModelSpec, cluster: Cluster, plan: Plan, fixed: dict | N
         fixed = {}
     graph, ranks = _structure_parts(model, plan, arch, fixed)
     limit = cluster.gpu.hbm_gib - HEADROOM_GIB
+    freed = not plan.persistent_grads and plan.grad_accum == 1  # as `rank_memory` reads the plan
     for rank in ranks:
-        parts = _fixed_parts(model, plan, graph, arch, rank, fixed)
-        acts = _activations(model, plan, graph, rank, fixed)
-        if _footprint_gib(rank_memory(model, plan, graph, arch, rank, parts, acts)) > limit:
+        state, buffers = _fixed_parts(model, plan, graph, arch, rank, fixed)
+        act, workspace, _ = _activations(model, plan, graph, rank, fixed)
+        if _parts_footprint_gib(state, act, buffers + workspace, freed) > limit:
             return False
     return True
 
@@ -184,8 +189,9 @@ def moe_variants(plan: Plan, space: SearchSpace, cluster: Cluster, model: ModelS
 def _stage_time_s(model: ModelSpec, cluster: Cluster, plan: Plan, sc: StepCosts) -> float:
     """A middle pipeline rank's time per micro-batch (`sc`: the plan's `step_costs`): enough to rank plans
     that differ only in the MoE dispatcher and overlap (they change every MoE layer alike), at a fraction of
-    a whole estimate."""
-    st = stage_cost(sc, model, plan, plan.pp // 2)
+    a whole estimate. The stage is kept (`rank_stage`) for the estimate of the variant that wins, and for
+    plans of other structures that share it."""
+    st = rank_stage(sc, model, plan, plan.pp // 2)
     return st.compute + st.exposed
 
 
@@ -285,16 +291,17 @@ def _below_memory_floor(model: ModelSpec, cluster: Cluster, base: Plan, offload:
     graph, _ = _structure_parts(model, base, arch, fixed)
     limit = cluster.gpu.hbm_gib - HEADROOM_GIB
 
+    plans = {off: evolve(base, offload_optimizer=off) for off in offload}
+
     def floor_gib(rank: int, off: bool) -> float:
-        plan = evolve(base, offload_optimizer=off)
-        state, buffers = _fixed_parts(model, plan, graph, arch, rank, fixed)
-        return _footprint_gib(RankMemory(rank, state, 0.0, buffers, 0))
+        state, buffers = _fixed_parts(model, plans[off], graph, arch, rank, fixed)
+        return _parts_footprint_gib(state, 0.0, buffers)  # `RankMemory(rank, state, 0.0, buffers, 0)`'s
 
     return any(all(floor_gib(rank, off) > limit for off in offload) for rank in (0, base.pp - 1))
 
 
 # `workers=0` (the CLI's default) runs a search of this many layouts or more on a pool of one process per
-# core, at most `MAX_AUTO_WORKERS` (each holds its own op graphs: ~230 MB for DeepSeek-V3); below it a
+# core, at most `MAX_AUTO_WORKERS` (each holds its own op graphs: ~280 MB for DeepSeek-V3); below it a
 # pool's start-up (each process imports the package) costs more than it shares out.
 POOL_MIN_LAYOUTS = 2000
 MAX_AUTO_WORKERS = 8
@@ -309,8 +316,35 @@ def auto_workers(layouts: int) -> int:
     return max(1, min(cores, MAX_AUTO_WORKERS))
 
 
+# Set inside `_unscanned`: each chunk of structures then freezes what earlier chunks left alive (a worker
+# process forked from the search inherits it)
+_freezing = False
+
+
+@contextmanager
+def _unscanned() -> Iterator[None]:
+    """Run with the objects alive at each chunk's start left out of the cyclic garbage collector's scans
+    (`gc.freeze`), then put them back (`gc.unfreeze`). A search builds up hundreds of thousands of memoised
+    results (op graphs, per-plan costs) that hold no reference cycles (reference counting frees them), and the
+    collector's default thresholds had it scan them again and again for nothing: a fifth of DeepSeek-V3's
+    search on 1,024 GPUs. Garbage made within a chunk is collected as before, and no result depends on when
+    garbage is collected. A process that keeps objects frozen itself is left as it is."""
+    global _freezing
+    if _freezing or gc.get_freeze_count():
+        yield
+        return
+    _freezing = True
+    try:
+        yield
+    finally:
+        _freezing = False
+        gc.unfreeze()
+
+
 def _evaluate_chunk(args: tuple) -> list[Candidate]:
     model, cluster, chunk, space = args
+    if _freezing:
+        gc.freeze()  # what earlier chunks left alive (`_unscanned`)
     return [c for kw in chunk if (c := evaluate_structure(model, cluster, kw, space=space)) is not None]
 
 
@@ -344,10 +378,11 @@ def search(
     found: list[Candidate] = []
     chunk_size = max(16, len(todo) // (64 * workers))
     chunks = [todo[i : i + chunk_size] for i in range(0, len(todo), chunk_size)]
-    for done, batch in enumerate(_run(chunks, model, cluster, space, workers, executor), start=1):
-        found += batch
-        if progress:
-            progress(done, len(chunks))
+    with _unscanned():
+        for done, batch in enumerate(_run(chunks, model, cluster, space, workers, executor), start=1):
+            found += batch
+            if progress:
+                progress(done, len(chunks))
     found.sort(key=lambda c: c.key(objective))
     return SearchResult(found, len(todo), len(found), objective)
 

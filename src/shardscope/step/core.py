@@ -34,13 +34,14 @@ from shardscope.costs.memory import (
     rank_params_fields,
     rank_params_local,
     rank_state_bytes,
+    saved_fields,
 )
 from shardscope.costs.offload import cpu_optimizer_time_s, host_bytes_per_gpu, link_time_s
 from shardscope.graph.build import BF16, FP32, OpGroup, StageGraph, build_stage_graph
 from shardscope.graph.ops import Collective
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import LayerKind, ModelSpec
-from shardscope.plan.plan import SECTIONS, Plan, section_fields, section_values
+from shardscope.plan.plan import SECTIONS, Plan, section_fields
 from shardscope.result import Estimate, MemoryBreakdown, ParamCounts, TimeBreakdown
 from shardscope.step.caveats import GRAPH_MEMORY_WARNING, eager_moe_warning
 
@@ -56,6 +57,10 @@ _BUT_GLOBAL_BATCH = attrgetter(*(name for name in PLAN_FIELDS if name != "global
 _BUT_RECOMPUTE_AND_BATCH = attrgetter(
     *(name for section in SECTIONS if section not in ("recompute", "batch") for name in section_fields(section))
 )
+
+
+# The recompute section's values in declaration order (`section_values(plan, "recompute")`, in one call)
+_RECOMPUTE_SECTION = attrgetter(*section_fields("recompute"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +79,16 @@ class Groups:
 def place_groups(cluster: Cluster, plan: Plan) -> Groups:
     """Megatron rank order tp-cp-dp-pp (experts: etp-ep-edp): each group's stride is the product of the
     inner sizes."""
-    degrees = (plan.tp, plan.cp, plan.dp, plan.pp, plan.shard_size, plan.ep, plan.etp, plan.expert_dp)
+    return _placed(cluster, _degrees(plan))
+
+
+def _degrees(plan: Plan) -> tuple[int, ...]:
+    """The group sizes `_place_groups` places, in its argument order."""
+    return plan.tp, plan.cp, plan.dp, plan.pp, plan.shard_size, plan.ep, plan.etp, plan.expert_dp
+
+
+def _placed(cluster: Cluster, degrees: tuple[int, ...]) -> Groups:
+    """`_place_groups` of `degrees` (`_degrees`), memoised on the cluster."""
     memo = CLUSTER_MEMO.of(cluster)  # plans that differ elsewhere share the placement
     groups = memo.get(degrees)
     if groups is None:
@@ -403,17 +417,30 @@ class StepCosts:
 
 
 def step_costs(model: ModelSpec, cluster: Cluster, plan: Plan) -> StepCosts:
-    gpu = cluster.gpu
-    graph = build_stage_graph(model, plan, gpu.arch)
-    groups = place_groups(cluster, plan)
+    """The plan's `StepCosts`, shared (never to be changed): memoised per graph and cluster on what they read
+    of the plan outside the graph (the groups' degrees, the bytes per gathered weight, `_layer_costs`' key),
+    so plans that differ only elsewhere (global batch, recompute layers, offload) share them."""
+    graph = build_stage_graph(model, plan, cluster.gpu.arch)
     # Weights travel in bf16, or in FP8 where the framework all-gathers FP8 weights (torchao / Megatron-FSDP,
     # Megatron's distributed optimizer with per-tensor FP8). MXFP8 parameters under the distributed optimizer
     # are gathered in BF16 into the reused gradient buffer and quantized locally (Megatron-Core
     # `reuse_grad_buf_for_mxfp8_param_ag`, set by Megatron-Bridge's `bf16_with_mxfp8_mixed`).
     bf16_gather = plan.fp8_recipe == "mxfp8" and not (plan.fsdp or plan.zero >= 3)
     gather_bytes = 1 if plan.fp8_params and not bf16_gather else BF16
-    # the embedding's, the head's and an MTP module's own costs, kept per graph and cluster (`_phase_cost`)
+    degrees = _degrees(plan)
     memo = GRAPH_MEMO.of(graph, cluster)
+    key = ("step costs", degrees, gather_bytes, _LAYER_RECOMPUTE(plan), _regather_key(plan, gather_bytes))
+    sc = memo.get(key)
+    if sc is None:
+        sc = memo[key] = _step_costs(model, cluster, plan, graph, _placed(cluster, degrees), gather_bytes, memo)
+    return sc
+
+
+def _step_costs(
+    model: ModelSpec, cluster: Cluster, plan: Plan, graph: StageGraph, groups: Groups, gather_bytes: int, memo: dict
+) -> StepCosts:
+    gpu = cluster.gpu
+    # the embedding's, the head's and an MTP module's own costs, kept per graph and cluster (`_phase_cost`)
     ends = memo.get("ends")
     if ends is None:
         ends = memo["ends"] = tuple(
@@ -449,22 +476,54 @@ def layers_cost(sc: StepCosts, model: ModelSpec, plan: Plan, layers: tuple[int, 
     if layers:
         st.first_gather = sc.layers[sc.graph.kinds[layers[0]]].fsdp_gather_s
     if plan.fsdp:
+        copies = _layer_copy_times_s(sc, model, plan)
         for kind, n in model.kind_counts(layers).items():
-            dense = dense_params_local(model, plan.tp, kind)
-            expert = expert_params_local(model, kind, plan.ep, plan.etp)
             c = sc.layers[kind]
-            _add_fsdp_copies(st, sc, plan, dense, expert, 2, n, c.fwd.host_stall_s + c.bwd.host_stall_s)
+            _add_copy_times(st, plan, copies[kind], 2, n, c.fwd.host_stall_s + c.bwd.host_stall_s)
     return st
+
+
+def _layer_copy_times_s(sc: StepCosts, model: ModelSpec, plan: Plan) -> dict[LayerKind, tuple[float, float]]:
+    """FSDP's local copies (`costs.fsdp.fsdp_copy_times_s`) of one layer of each kind of the graph (its kinds are
+    the model's), memoised per cluster and model on what they read of the plan: the degrees that split a
+    layer's parameters, `_fsdp_copy_key` and the bytes per gathered weight. Op graphs that differ elsewhere
+    (micro-batch, MoE dispatcher) share them."""
+    key = ("fsdp copies", plan.tp, plan.ep, plan.etp, _fsdp_copy_key(plan), sc.gather_bytes)
+    memo = CLUSTER_MEMO.of(sc.cluster, model)
+    copies = memo.get(key)
+    if copies is None:
+        gpu = sc.cluster.gpu
+        copies = memo[key] = {
+            kind: fsdp_copy_times_s(
+                gpu,
+                plan,
+                dense_params_local(model, plan.tp, kind),
+                expert_params_local(model, kind, plan.ep, plan.etp),
+                sc.gather_bytes,
+            )
+            for kind in sc.layers
+        }
+    return copies
 
 
 def _add_fsdp_copies(
     st: Stage, sc: StepCosts, plan: Plan, dense: float, expert: float, gathers: int, n: int, stall: float = 0.0
 ) -> None:
-    """Add FSDP's local copies (`costs.fsdp`) of `n` units of `dense` + `expert` parameters to one micro-batch:
-    a unit resharded after forward is gathered `gathers` times (forward, and again in backward when 2;
-    else once a step, `dp_comm`); its gradients are reduced each micro-batch. Their few large kernels keep
-    the GPU busy while the host issues the unit's other work: they absorb up to `stall` of its host wait."""
-    gather, reduce = fsdp_copy_times_s(sc.cluster.gpu, plan, dense, expert, sc.gather_bytes)
+    """Add FSDP's local copies (`costs.fsdp`) of `n` units of `dense` + `expert` parameters to one micro-batch
+    (`_add_copy_times`)."""
+    copies = fsdp_copy_times_s(sc.cluster.gpu, plan, dense, expert, sc.gather_bytes)
+    _add_copy_times(st, plan, copies, gathers, n, stall)
+
+
+def _add_copy_times(
+    st: Stage, plan: Plan, copies: tuple[float, float], gathers: int, n: int, stall: float = 0.0
+) -> None:
+    """Add FSDP's local copies of `n` units to one micro-batch, `copies` being one unit's (one all-gather's,
+    one reduce-scatter's; `costs.fsdp.fsdp_copy_times_s`): a unit resharded after forward is gathered
+    `gathers` times (forward, and again in backward when 2; else once a step, `dp_comm`); its gradients are
+    reduced each micro-batch. Their few large kernels keep the GPU busy while the host issues the unit's
+    other work: they absorb up to `stall` of its host wait."""
+    gather, reduce = copies
     regather = regathers_per_micro_batch(plan)
     fwd = gather if regather else 0.0
     bwd = reduce + (gather if gathers > 1 and regather else 0.0)
@@ -574,15 +633,36 @@ def stage_costs(sc: StepCosts, model: ModelSpec, plan: Plan) -> tuple[Stage, ...
     the MTP modules run the same work, so each such class is costed once. Memoised per graph and cluster on
     what `stage_cost` reads outside the graph: the recompute section, `_regather_key`, the layout and MTP
     fields, the boundary send's time and `_unpaired_key`; plans that differ elsewhere share their stages."""
-    layout = (plan.pp, plan.vpp, plan.pp_layout, plan.mtp, plan.mtp_chunk)
-    recompute = section_values(plan, "recompute")
-    regather = _regather_key(plan, sc.gather_bytes)
-    key = ("stages", recompute, regather, layout, sc.p2p_s, _unpaired_key(sc, plan), _fsdp_copy_key(plan))
+    key = _stages_key(sc, plan)
     memo = GRAPH_MEMO.of(sc.graph, sc.cluster)
     stages = memo.get(key)
     if stages is None:
-        stages = memo[key] = _stage_costs(sc, model, plan)
+        stages = memo[key] = _stage_costs(sc, model, plan, memo.get(("stage", plan.pp // 2, key)))
     return stages
+
+
+def _stages_key(sc: StepCosts, plan: Plan) -> tuple:
+    """The memo key of a plan's stages (`stage_costs`): what `stage_cost` reads outside the graph."""
+    layout = (plan.pp, plan.vpp, plan.pp_layout, plan.mtp, plan.mtp_chunk)
+    recompute = _RECOMPUTE_SECTION(plan)
+    regather = _regather_key(plan, sc.gather_bytes)
+    return ("stages", recompute, regather, layout, sc.p2p_s, _unpaired_key(sc, plan), _fsdp_copy_key(plan))
+
+
+def rank_stage(sc: StepCosts, model: ModelSpec, plan: Plan, rank: int) -> Stage:
+    """`stage_cost` of one pipeline rank, shared (never to be changed): the plan's `stage_costs` where they
+    are kept, else memoised as they are (the planner ranks MoE variants by the middle rank's stage alone;
+    `stage_costs` of the variant it estimates then starts from that rank's)."""
+    key = _stages_key(sc, plan)
+    memo = GRAPH_MEMO.of(sc.graph, sc.cluster)
+    stages = memo.get(key)
+    if stages is not None:
+        return stages[rank]
+    one = ("stage", rank, key)
+    st = memo.get(one)
+    if st is None:
+        st = memo[one] = stage_cost(sc, model, plan, rank)
+    return st
 
 
 def _fsdp_copy_key(plan: Plan) -> tuple | None:
@@ -630,10 +710,15 @@ def pipeline_costs(sc: StepCosts, model: ModelSpec, cluster: Cluster, plan: Plan
     return pipe
 
 
-def _stage_costs(sc: StepCosts, model: ModelSpec, plan: Plan) -> tuple[Stage, ...]:
+def _stage_costs(sc: StepCosts, model: ModelSpec, plan: Plan, middle: Stage | None = None) -> tuple[Stage, ...]:
+    """Each rank's `stage_cost`, costed once per class of ranks that run the same work (`stage_costs`);
+    `middle`: the middle rank's (`pp // 2`), where `rank_stage` already costed it (as its class's)."""
     classes = rank_classes(model, plan)
     last, mtp_rank = plan.pp - 1, plan.mtp_rank
     costed: dict[tuple[int, bool, bool, bool], Stage] = {}
+    if middle is not None:
+        mid = plan.pp // 2
+        costed[(classes[mid], mid == 0, mid == last, mid == mtp_rank)] = middle
     stages = []
     for rank, cls in enumerate(classes):
         key = (cls, rank == 0, rank == last, rank == mtp_rank)
@@ -774,14 +859,23 @@ class RankMemory:
 
     @property
     def allocated(self) -> float:
-        st = self.state
-        if self.grads_replace_activations:
-            return st.params + st.optimizer + max(st.grads, self.activations) + self.buffers
-        return st.params + st.grads + st.optimizer + self.activations + self.buffers
+        return allocated_bytes(self.state, self.activations, self.buffers, self.grads_replace_activations)
 
     @property
     def overhead(self) -> float:
-        return CONTEXT_BYTES + FRAGMENTATION * (self.activations + self.buffers)
+        return overhead_bytes(self.activations, self.buffers)
+
+
+def allocated_bytes(st: StateBytes, activations: float, buffers: float, grads_replace_activations: bool) -> float:
+    """`RankMemory.allocated` of its parts (the planner's fit check reads them without building the record)."""
+    if grads_replace_activations:
+        return st.params + st.optimizer + max(st.grads, activations) + buffers
+    return st.params + st.grads + st.optimizer + activations + buffers
+
+
+def overhead_bytes(activations: float, buffers: float) -> float:
+    """`RankMemory.overhead` of its parts."""
+    return CONTEXT_BYTES + FRAGMENTATION * (activations + buffers)
 
 
 def rank_memory(
@@ -813,13 +907,14 @@ def ranks_memory(model: ModelSpec, plan: Plan, graph: StageGraph, arch: str, ran
     if by_rank is None:
         by_rank = memo[key] = {}
     freed = not plan.persistent_grads and plan.grad_accum == 1
+    saved = saved_fields(plan)  # (`activation_bytes`' key, built once)
     out = []
     for rank in ranks:
         fixed = by_rank.get(rank)
         if fixed is None:
             fixed = by_rank[rank] = fixed_rank_memory(model, plan, graph, arch, rank)
         state, buffers = fixed
-        act, workspace, inflight = activation_bytes(model, plan, graph, rank)
+        act, workspace, inflight = activation_bytes(model, plan, graph, rank, memo, saved)
         out.append(RankMemory(rank, state, act, buffers + workspace, inflight, workspace, freed))
     return out
 
@@ -902,7 +997,7 @@ def make_estimate(
             total=model.params_total,
             per_gpu=int(round(max_params)),
             per_gpu_sharded=memory.params_gib * GIB / (4 if plan.fsdp else 2),
-            active=model.params_active,
+            active=model.memoised("params_active", lambda: model.params_active),  # counted over the layers
         ),
         step_time_s=step_s,
         tokens_per_step=tokens,
