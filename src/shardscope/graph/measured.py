@@ -70,9 +70,9 @@ from shardscope.graph.common import (
 )
 from shardscope.graph.ops import Op, Saved
 from shardscope.models.spec import LayerKind, MeasuredBlock, ModelSpec
-from shardscope.plan.plan import Plan
+from shardscope.plan.plan import Plan, measured_block_problem
 
-__all__ = ["measured_block", "reconcile", "whole_block_group", "whole_block_problem"]
+__all__ = ["measured_block", "reconcile", "whole_block_group"]
 
 # The standard graph's unfused core attention keeps its score matrices under this name (graph.attention).
 _UNFUSED_SCORES = "softmax out, dropout mask and out"
@@ -178,37 +178,10 @@ def reconcile(group: OpGroup, model: ModelSpec, plan: Plan, kind: LayerKind) -> 
     return OpGroup(tuple(ops + tail), tuple(saved), group.comms, attn_ops)
 
 
-def whole_block_problem(model: ModelSpec, plan: Plan) -> str | None:
-    """Why `plan` cannot run the blocks priced wholly from their measurement, or None: they are not split
-    by tensor, context or expert parallelism (module docstring); data parallel, FSDP and pipeline run them."""
-    blocks = model.whole_blocks
-    if not blocks:
-        return None
-    ssm = [b.attention for b in blocks if b.ssm]
-    names = ", ".join(ssm or [b.attention for b in blocks])
-    if plan.tp > 1:
-        why = (
-            "a state-space scan's x_proj (to dt, B, C) reads the whole inner width, which a column/row split "
-            "does not divide"
-            if ssm
-            else "how its projections split is not known from the measurement"
-        )
-        return (
-            f"--tp {plan.tp}: {names} blocks (measured, no adapter) are not split over tensor parallelism "
-            f"({why}); use --tp 1"
-        )
-    if plan.cp > 1:
-        return f"--cp {plan.cp}: {names} blocks (measured, no adapter) run along the whole sequence; use --cp 1"
-    if plan.ep > 1 and any(b.experts for b in blocks):
-        experts = ", ".join(b.attention for b in blocks if b.experts)
-        return f"--ep {plan.ep}: the experts of {experts} blocks (measured, no adapter) are not split; use --ep 1"
-    return None
-
-
 def whole_block_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGroup, float, float]:
     """A block priced wholly from its measurement (module docstring), and the elements its FP8 GEMMs
     quantize (inputs, output gradients)."""
-    if problem := whole_block_problem(model, plan):
+    if problem := measured_block_problem(model, plan):
         raise ShardscopeError(problem)
     block = model.whole_block(kind)
     name = block.attention

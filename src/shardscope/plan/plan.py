@@ -586,9 +586,7 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
         raise ShardscopeError(
             f"tp·pp·cp·dp = {plan.tp}·{plan.pp}·{plan.cp}·{dp} = {plan.gpus} does not equal --gpus {cluster.gpus}"
         )
-    from shardscope.graph.measured import whole_block_problem  # blocks priced from what was measured
-
-    if problem := whole_block_problem(model, plan):
+    if problem := measured_block_problem(model, plan):  # blocks priced from what was measured
         raise ShardscopeError(problem)
     # Megatron-Core shards whole heads and whole query groups over TP (TransformerConfig: heads % tp == 0;
     # query groups a multiple or, from 0.16, a divisor of tp, the KV heads then replicated). Replicated KV
@@ -677,3 +675,30 @@ def make_plan(model: ModelSpec, cluster: Cluster, **kw) -> Plan:
     if plan.fsdp and plan.zero not in (0, 3):
         raise ShardscopeError("--fsdp already means fully sharded; do not combine it with --zero 1/2")
     return plan
+
+
+def measured_block_problem(model: ModelSpec, plan: Plan) -> str | None:
+    """Why `plan` cannot run the blocks priced wholly from their measurement, or None: they are not split
+    by tensor, context or expert parallelism (`graph.measured`); data parallel, FSDP and pipeline run them."""
+    blocks = model.whole_blocks
+    if not blocks:
+        return None
+    ssm = [b.attention for b in blocks if b.ssm]
+    names = ", ".join(ssm or [b.attention for b in blocks])
+    if plan.tp > 1:
+        why = (
+            "a state-space scan's x_proj (to dt, B, C) reads the whole inner width, which a column/row split "
+            "does not divide"
+            if ssm
+            else "how its projections split is not known from the measurement"
+        )
+        return (
+            f"--tp {plan.tp}: {names} blocks (measured, no adapter) are not split over tensor parallelism "
+            f"({why}); use --tp 1"
+        )
+    if plan.cp > 1:
+        return f"--cp {plan.cp}: {names} blocks (measured, no adapter) run along the whole sequence; use --cp 1"
+    if plan.ep > 1 and any(b.experts for b in blocks):
+        experts = ", ".join(b.attention for b in blocks if b.experts)
+        return f"--ep {plan.ep}: the experts of {experts} blocks (measured, no adapter) are not split; use --ep 1"
+    return None
