@@ -36,6 +36,10 @@ class MemoTable:
         self._entries: dict[int | tuple[int, ...], tuple[tuple[object, ...], dict]] = {}
         self._limit = limit
 
+    def clear(self) -> None:
+        """Forget every memo (a cold computation after it)."""
+        self._entries.clear()
+
     def of(self, *objs: object) -> dict:
         """The memo dict of `objs` together (empty at first)."""
         key = tuple(map(id, objs)) if len(objs) > 1 else id(objs[0])
