@@ -278,3 +278,30 @@ def test_plan_searches_with_a_profile_as_estimate_prices() -> None:
         **{k: p[k] for k in ("tp", "pp", "cp", "micro_batch", "fsdp", "zero", "reshard_after_forward", "recompute")},
     )  # fmt: skip
     assert est.step_time_s == pytest.approx(best["step_time_s"], rel=1e-9)
+
+
+def test_shipped_h200_profile_is_a_calibrate_run() -> None:
+    """`--profile H200` is what `shardscope calibrate` measured on a lent H200 (2.2 min, 2026-11-27), shipped as
+    written; held-back points of it (a fixed sample) are interpolated with medians within 10% per kind, and
+    `profile diff` sets it beside the H100 profile."""
+    import random
+
+    from typer.testing import CliRunner
+
+    from shardscope.cli import app
+
+    prof = load_profile("H200")
+    assert (prof.name, prof.gpu) == ("H200", "H200") and len(prof.points) >= 4800
+    assert {c.source for c in prof.conditions.values()} == {"calibrate"}
+    sample = [p for p in prof.points if p.op in ("gemm", "attention_fwd", "attention_bwd")]
+    random.Random(0).shuffle(sample)
+    errors: dict[tuple, list[float]] = {}
+    for p in sample[:300]:
+        t = prof.held_out(p).predict(p)
+        if t is not None:
+            errors.setdefault((p.op, p.dtype), []).append(abs(t / p.seconds - 1))
+    assert len(errors) >= 4
+    for kind, errs in errors.items():
+        assert statistics.median(errs) <= 0.10, kind
+    diff = CliRunner().invoke(app, ["profile", "diff", "H100", "H200"], env={"COLUMNS": "200"})
+    assert diff.exit_code == 0 and "H200" in diff.output

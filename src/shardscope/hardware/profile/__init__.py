@@ -17,9 +17,11 @@ __all__ = ["Profile", "load_profile", "shipped_names"]
 
 
 def shipped_names() -> list[str]:
-    """Names of the profiles shipped with shardscope (`hardware/profiles/NAME.sql`)."""
+    """Names of the profiles shipped with shardscope (`hardware/profiles/NAME.sql`, or `NAME.sql.gz` as
+    `shardscope calibrate` wrote it on that GPU)."""
     folder = resources.files("shardscope.hardware") / "profiles"
-    return sorted(p.name[: -len(".sql")] for p in folder.iterdir() if p.name.endswith(".sql"))
+    names = (p.name.removesuffix(".gz") for p in folder.iterdir() if p.name.endswith((".sql", ".sql.gz")))
+    return sorted(n.removesuffix(".sql") for n in names)
 
 
 def _from_connection(con: sqlite3.Connection, source: str) -> Profile:
@@ -46,7 +48,9 @@ def _from_sql(text: str, source: str) -> Profile:
 
 @cache
 def _shipped(name: str) -> Profile:
-    text = (resources.files("shardscope.hardware") / "profiles" / f"{name}.sql").read_text()
+    folder = resources.files("shardscope.hardware") / "profiles"
+    plain = folder / f"{name}.sql"
+    text = plain.read_text() if plain.is_file() else gzip.decompress((folder / f"{name}.sql.gz").read_bytes()).decode()
     return _from_sql(text, f"shipped profile {name}")
 
 
