@@ -103,42 +103,34 @@ def rank_params_local(model: ModelSpec, plan: Plan, rank: int) -> tuple[float, f
 rank_params_fields = attrgetter("tp", "ep", "etp", "pp", "vpp", "pp_layout", "mtp", "mtp_chunk")
 
 
-def _rank_params_local(model: ModelSpec, plan: Plan, rank: int) -> tuple[float, float]:
-    counts = model.kind_counts(plan.rank_layers(model.layers)[rank])
-    dense = sum(n * dense_params_local(model, plan.tp, k) for k, n in counts.items())
-    expert = sum(n * expert_params_local(model, k, plan.ep, plan.etp) for k, n in counts.items())
-    if model.dit is not None:
-        # A video DiT has no vocabulary: its embedders (patch, time, text; plain modules every TP rank holds
-        # whole) run on the first stage, its output head (modulation, projection to patches) on the last.
-        if rank == 0:
-            dense += model.dit_embedder_params()
-        if rank == plan.pp - 1:
-            dense += model.dit_head_params()
-        return dense, expert
-    vocab_rows = model.vocab * model.hidden / plan.tp
-    if rank == 0:  # with a measured model's parameters outside the blocks (embedding norm)
-        dense += vocab_rows + model.pos_embedding_rows * model.hidden + model.extra_params
-    if rank == plan.pp - 1:
-        dense += model.norm_params
-        # A tied output layer on a separate last stage keeps its own copy of the embedding.
-        if not model.tied_embeddings or plan.pp > 1:
-            dense += vocab_rows
-    if rank == plan.mtp_rank and plan.mtp and model.mtp_layers:
-        mtp_dense, mtp_expert = mtp_params_local(model, plan)
-        dense += mtp_dense + (vocab_rows if rank > 0 else 0.0)
-        expert += mtp_expert
-    return dense, expert
-
-
 def end_params_local(model: ModelSpec, plan: Plan) -> tuple[float, float]:
-    """(embedding, output head) parameters on one GPU of the first and of the last pipeline rank, as
-    `_rank_params_local` counts them (a DiT's embedders and head)."""
+    """(embedding, output head) parameters on one GPU of the first and of the last pipeline rank. A video DiT
+    has no vocabulary: its embedders (patch, time, text; plain modules every TP rank holds whole) and its
+    output head (modulation, projection to patches). An LLM's embedding holds a measured model's parameters
+    outside the blocks too (embedding norm); a tied output layer on a separate last stage keeps its own copy
+    of the embedding."""
     if model.dit is not None:
         return model.dit_embedder_params(), model.dit_head_params()
     vocab_rows = model.vocab * model.hidden / plan.tp
     embedding = vocab_rows + model.pos_embedding_rows * model.hidden + model.extra_params
     head = model.norm_params + (vocab_rows if not model.tied_embeddings or plan.pp > 1 else 0.0)
     return embedding, head
+
+
+def _rank_params_local(model: ModelSpec, plan: Plan, rank: int) -> tuple[float, float]:
+    counts = model.kind_counts(plan.rank_layers(model.layers)[rank])
+    dense = sum(n * dense_params_local(model, plan.tp, k) for k, n in counts.items())
+    expert = sum(n * expert_params_local(model, k, plan.ep, plan.etp) for k, n in counts.items())
+    embedding, head = end_params_local(model, plan)
+    if rank == 0:
+        dense += embedding
+    if rank == plan.pp - 1:
+        dense += head
+    if model.dit is None and rank == plan.mtp_rank and plan.mtp and model.mtp_layers:
+        mtp_dense, mtp_expert = mtp_params_local(model, plan)
+        dense += mtp_dense + (model.vocab * model.hidden / plan.tp if rank > 0 else 0.0)
+        expert += mtp_expert
+    return dense, expert
 
 
 def mtp_params_local(model: ModelSpec, plan: Plan) -> tuple[float, float]:

@@ -81,6 +81,14 @@ class ServeResult:
         return out
 
 
+def check_dtypes(precision: str, kv_dtype: str) -> None:
+    """One line for a weight precision or KV-cache dtype serving does not know (`auto`: the engine's rule)."""
+    if precision not in PRECISIONS:
+        raise ShardscopeError(f"unknown precision {precision!r} (valid: {', '.join(PRECISIONS)})")
+    if kv_dtype not in ("auto", *PRECISIONS):
+        raise ShardscopeError(f"unknown KV-cache dtype {kv_dtype!r} (valid: auto, {', '.join(PRECISIONS)})")
+
+
 def serve_estimate(
     model: str,
     gpu: str = "H100",
@@ -112,10 +120,7 @@ def serve_estimate(
     requests meeting them. `trace_file`: write the timeline as Chrome-trace JSON. `spec_decode`: see
     `parse_spec_decode`. `disaggregate` "P:D": the replicas split into prefill and decode pools. `ep` = `tp`:
     the MoE layers run expert-parallel over the replica's GPUs (see `Deployment`)."""
-    if precision not in PRECISIONS:
-        raise ShardscopeError(f"unknown precision {precision!r} (valid: {', '.join(PRECISIONS)})")
-    if kv_dtype not in ("auto", *PRECISIONS):
-        raise ShardscopeError(f"unknown KV-cache dtype {kv_dtype!r} (valid: auto, {', '.join(PRECISIONS)})")
+    check_dtypes(precision, kv_dtype)
     if tp < 1 or pp < 1:
         raise ShardscopeError("--tp and --pp must be at least 1")
     if pp != 1:

@@ -32,7 +32,7 @@ from shardscope.models.catalog import load_model
 from shardscope.models.spec import ModelSpec
 from shardscope.serve.cost import Batch, Deployment, IterationCost, memory_plan
 from shardscope.serve.engine import load_engine
-from shardscope.serve.estimate import PRECISIONS, ServeResult, kv_transfer_s, serve_estimate
+from shardscope.serve.estimate import ServeResult, check_dtypes, kv_transfer_s, serve_estimate
 from shardscope.serve.metrics import percentile
 from shardscope.serve.simulator import simulate_replica
 from shardscope.serve.workload import Request, make_requests
@@ -275,10 +275,7 @@ def serve_plan(
         raise ShardscopeError(f"--top must be at least 1, got {top}")
     if gpus < 1:
         raise ShardscopeError(f"--gpus must be positive, got {gpus}")
-    if precision not in PRECISIONS:
-        raise ShardscopeError(f"unknown precision {precision!r} (valid: {', '.join(PRECISIONS)})")
-    if kv_dtype not in ("auto", *PRECISIONS):
-        raise ShardscopeError(f"unknown KV-cache dtype {kv_dtype!r} (valid: auto, {', '.join(PRECISIONS)})")
+    check_dtypes(precision, kv_dtype)
     spec = load_model(model)
     if spec.dit is not None:
         raise ShardscopeError(f"{spec.name} is a diffusion transformer; serving simulates language models")

@@ -506,15 +506,6 @@ def _layer_copy_times_s(sc: StepCosts, model: ModelSpec, plan: Plan) -> dict[Lay
     return copies
 
 
-def _add_fsdp_copies(
-    st: Stage, sc: StepCosts, plan: Plan, dense: float, expert: float, gathers: int, n: int, stall: float = 0.0
-) -> None:
-    """Add FSDP's local copies (`costs.fsdp`) of `n` units of `dense` + `expert` parameters to one micro-batch
-    (`_add_copy_times`)."""
-    copies = fsdp_copy_times_s(sc.cluster.gpu, plan, dense, expert, sc.gather_bytes)
-    _add_copy_times(st, plan, copies, gathers, n, stall)
-
-
 def _add_copy_times(
     st: Stage, plan: Plan, copies: tuple[float, float], gathers: int, n: int, stall: float = 0.0
 ) -> None:
@@ -600,10 +591,11 @@ def stage_cost(sc: StepCosts, model: ModelSpec, plan: Plan, rank: int) -> Stage:
         _add_unit(st, fwd, bwd)
     if plan.fsdp:  # the embedding (regathered for its backward) and the output layer, FSDP units of their own
         embedding, head = end_params_local(model, plan)
+        gpu, gather_bytes = sc.cluster.gpu, sc.gather_bytes
         if rank == 0:
-            _add_fsdp_copies(st, sc, plan, embedding, 0.0, 2, 1)
+            _add_copy_times(st, plan, fsdp_copy_times_s(gpu, plan, embedding, 0.0, gather_bytes), 2, 1)
         if rank == plan.pp - 1:
-            _add_fsdp_copies(st, sc, plan, head, 0.0, 1, 1)
+            _add_copy_times(st, plan, fsdp_copy_times_s(gpu, plan, head, 0.0, gather_bytes), 1, 1)
     st.exposed += 2 * plan.vpp * sc.p2p_s  # activations / gradients to and from the neighbouring stages
     if plan.offload_activations:  # copies to the host under forward and back under backward
         saved = layers_saved_bytes(model, plan, sc.graph, layers, plan.recomputed_layers(len(layers)))
