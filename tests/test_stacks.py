@@ -255,3 +255,59 @@ def test_gpu_marketing_names_are_read_by_part_and_memory():
     assert {n: load_gpu(n).name for n in names} == names
     with pytest.raises(ShardscopeError, match="unknown GPU"):
         load_gpu("H100 40GB")  # no such part
+
+
+def test_torchtitan_pipelined_fsdp_keeps_weights_gathered_and_gradients_unsharded():
+    """torchtitan's default reshard policy is `not pp_enabled`, and torch.distributed.pipelining runs an FSDP
+    stage's backwards without gradient sync, reducing once after the last: the stage's weights stay gathered
+    (bf16) and its gradients accumulate whole in fp32 through the step, and that reduction has no backward
+    left to hide under."""
+    from shardscope.costs.memory import buffer_bytes, stage_params_local
+    from shardscope.graph.build import build_stage_graph
+    from shardscope.records import evolve
+    from shardscope.step.core import dp_comm, pipeline_costs, step_costs
+
+    layout = dict(tp=8, pp=8, micro_batch=4, global_batch=256, seq_len=8192, recompute="full")
+    spec, cluster, plan = shardscope.setup("llama3.1-405b", "H100", 512, stack="torchtitan", **layout)
+    assert plan.fsdp and not plan.reshard_after_forward and plan.deferred_grad_sync
+    flat = shardscope.setup("llama3.1-405b", "H100", 512, stack="torchtitan", **dict(layout, tp=8, pp=1))[2]
+    assert flat.reshard_after_forward and not flat.deferred_grad_sync
+    stated = shardscope.setup("llama3.1-405b", "H100", 512, stack="torchtitan", reshard_after_forward=True,
+                              **layout)[2]  # fmt: skip
+    assert stated.reshard_after_forward  # a policy the user states wins
+    megatron = shardscope.setup("llama3.1-405b", "H100", 512, stack="megatron", fsdp=True, **layout)[2]
+    assert not megatron.deferred_grad_sync
+
+    graph = build_stage_graph(spec, plan, cluster.gpu.arch)
+    synced = evolve(plan, pipeline_defers_grad_sync=False)
+    for stage in (0, 3):
+        whole = stage_params_local(spec, plan, stage)
+        added = buffer_bytes(spec, plan, graph, stage) - buffer_bytes(spec, synced, graph, stage)
+        # the stage's fp32 gradients, less the one layer's reduce buffer a synced backward holds
+        assert 0.9 * 4 * whole < added <= 4 * whole
+    sc = step_costs(spec, cluster, plan)
+    st = pipeline_costs(sc, spec, cluster, plan).stages[0]
+    deferred, overlapped = (dp_comm(sc, spec, cluster, p, 0, st) for p in (plan, synced))
+    assert overlapped.grad_exposed_s < deferred.grad_exposed_s < deferred.total_s
+
+
+def test_automodel_runs_moe_models_on_its_own_model_code():
+    """NeMo AutoModel builds MoE architectures from its own model code (BackendConfig: Transformer Engine
+    attention and linears, fused RMSNorm and RoPE) and dense ones from Hugging Face's: an MoE plan gets the
+    former, a dense plan the latter, a stated flag overrides either, and the plan search prices the same."""
+    from shardscope.planner.runner import search_setup
+
+    moe = shardscope.setup("qwen3-30b-a3b", "H100", 8, stack="nemo-automodel@25.09", ep=8)[2]
+    dense = shardscope.setup("llama3.1-8b", "H100", 8, stack="nemo-automodel@25.09")[2]
+    assert (moe.linear_impl, moe.eager_elementwise) == ("te", False)
+    assert (dense.linear_impl, dense.eager_elementwise) == ("torch", True)
+    stated = shardscope.setup("qwen3-30b-a3b", "H100", 8, stack="nemo-automodel@25.09", ep=8, linear_impl="torch")
+    assert stated[2].linear_impl == "torch"
+    titan = load_stack("torchtitan")
+    assert titan.plan_defaults(moe=True) == titan.plan_defaults()  # its MoE models run its one model code
+    space = search_setup(
+        model="qwen3-30b-a3b", gpu="H100", gpus=8, gpus_per_node=None, seq_len=4096, video=None, precision="bf16",
+        fp8_recipe=None, cuda_graphs=None, fused_activation=None, fused_cross_entropy=None, ep_dispatch="flat",
+        ep_comm_overlap=None, stack="nemo-automodel@25.09",
+    )[3]  # fmt: skip
+    assert dict(space.kernels)["linear_impl"] == "te"

@@ -321,14 +321,22 @@ def buffer_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int, ar
     sharded = plan.fsdp or (plan.zero == 3 and plan.shard_size > 1)
     gather = copy if plan.fp8_params else BF16
     in_layer = at_loss = 0.0  # the two moments the peak can fall on (a layer's backward, the loss's)
+    deferred = plan.deferred_grad_sync
     if sharded:
-        # A layer's backward: current + prefetched gathered layers (bf16, or the FP8 copies themselves with
-        # FP8 parameters) and an unsharded fp32 gradient being reduce-scattered.
-        in_layer = (1 + plan.fsdp_prefetch) * gather * biggest + FP32 * biggest
+        stage_params = stage_params_local(model, plan, stage)
+        # Gathered weights (bf16, or the FP8 copies themselves with FP8 parameters): resharded after
+        # forward, the layer computing and those prefetched; else the stage's all, gathered once a step.
         if plan.reshard_after_forward:
             gathered = (1 + plan.fsdp_prefetch) * biggest
+            in_layer = gather * gathered
         else:
-            buf += gather * stage_params_local(model, plan, stage)
+            buf += gather * stage_params
+        # Unsharded fp32 gradients: a layer's, reduce-scattered after its backward; with the reduction
+        # deferred to the step's last backward, the stage's all, from its first backward on.
+        if deferred:
+            buf += FP32 * stage_params
+        else:
+            in_layer += FP32 * biggest
     if copy and not (sharded and plan.fp8_params):
         buf += copy * gathered
     if stage == plan.pp - 1:
@@ -340,7 +348,8 @@ def buffer_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int, ar
         at_loss = (BF16 if plan.fused_loss else FP32 + BF16) * logits
         if plan.fsdp:  # (ZeRO-3 reduces its gradients in buckets, not an FSDP unit at a time)
             head = end_params_local(model, plan)[1]
-            at_loss = gather * (biggest + head) + max(at_loss, (BF16 + FP32) * head)
+            kept = gather * (biggest + head) if plan.reshard_after_forward else 0.0  # (else counted above)
+            at_loss = kept + max(at_loss, (BF16 + (0 if deferred else FP32)) * head)
     buf += max(in_layer, at_loss)
     if plan.pp > 1:
         buf += 2 * 2 * graph.boundary_bytes  # send/recv buffers, forward and backward

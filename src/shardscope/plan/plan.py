@@ -103,6 +103,12 @@ class Plan:
     # partitions); False: PyTorch's `zero_grad(set_to_none=True)` frees the grads after each step, so
     # without accumulation they grow in backward only as the activations are freed
     persistent_grads: bool = opt(True, "sharding", "the gradient buffer lives through the step (off: set_to_none)")
+    # torch.distributed.pipelining runs every micro-batch's backward of an FSDP stage without gradient sync
+    # and without resharding, then reduce-scatters once after the last: the stage's gradients accumulate
+    # unsharded in FSDP's reduce dtype (fp32) across the step, and the reduction follows the last backward
+    pipeline_defers_grad_sync: bool = opt(
+        False, "sharding", "PP with FSDP: gradients stay unsharded (fp32) until the last backward", cli=False
+    )
     # recompute
     recompute: str = opt("none", "recompute", "activation recompute", choices=RECOMPUTE_POLICIES)
     recompute_layers: int = opt(0, "recompute", "full recompute for only this many layers per stage")
@@ -262,6 +268,12 @@ class Plan:
     def grad_accum(self) -> int:
         """Micro-batches per optimizer step per data-parallel rank."""
         return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def deferred_grad_sync(self) -> bool:
+        """The stage's FSDP gradients accumulate unsharded until the step's last backward
+        (`pipeline_defers_grad_sync` on a pipelined FSDP plan)."""
+        return self.pipeline_defers_grad_sync and self.fsdp and self.pp > 1
 
     @property
     def sp(self) -> bool:

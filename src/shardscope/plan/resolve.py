@@ -24,13 +24,16 @@ def stack_plan(model: ModelSpec, cluster: Cluster, stack: Stack | str | None = N
     stated = {k: v for k, v in explicit.items() if v is not None}
     if stated.pop("async_tp", False):  # torchtitan's async TP: the TP collectives overlap the GEMMs
         stated["tp_comm_overlap"] = True
-    plain, conditional = _stack_defaults(st)
+    plain, conditional = _stack_defaults(st, model.moe is not None)
     defaults = dict(plain)
     if not model.mtp_layers:
         defaults.pop("mtp", None)  # a stack that trains MTP modules trains none of a model without them
     if not (stated.get("shard_group") or any(k in stated for k in ("zero", "fsdp"))):
         defaults |= st.sharding_kwargs(stated.pop("sharding", ""))
     stated.pop("sharding", None)
+    pp_reshard = st.value("pp_reshard_after_forward")
+    if pp_reshard is not None and (stated.get("pp") or 1) > 1 and "reshard_after_forward" not in stated:
+        defaults["reshard_after_forward"] = pp_reshard  # the framework's policy for pipelined FSDP
     plan = make_plan(model, cluster, **(defaults | stated))
     # the stack's conditional settings, where the plan allows them and the user did not set them
     for key, value in conditional.items():
@@ -51,15 +54,17 @@ CONDITIONAL = ("ep_comm_overlap", "cuda_graphs")
 _STACK_MEMO = MemoTable(limit=64)
 
 
-def _stack_defaults(st: Stack) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The plan fields `st` sets, checked against the Plan: (those set outright, the `CONDITIONAL` ones).
-    Kept per stack (`load_stack` hands out one object per release): neither is to be changed."""
+def _stack_defaults(st: Stack, moe: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The plan fields `st` sets for a dense or an MoE model, checked against the Plan: (those set outright,
+    the `CONDITIONAL` ones). Kept per stack (`load_stack` hands out one object per release): neither is to
+    be changed."""
     memo = _STACK_MEMO.of(st)
-    if "defaults" not in memo:
-        defaults = st.plan_defaults()
+    key = ("defaults", moe)
+    if key not in memo:
+        defaults = st.plan_defaults(moe)
         unknown = sorted(set(defaults) - plan_field_names())
         if unknown:
             raise ShardscopeError(f"stack {st.label} sets {', '.join(unknown)}, which no plan has")
         conditional = {k: defaults.pop(k) for k in CONDITIONAL if k in defaults}
-        memo["defaults"] = defaults, conditional
-    return memo["defaults"]
+        memo[key] = defaults, conditional
+    return memo[key]

@@ -73,14 +73,14 @@ def search_setup(
     from shardscope.stacks import load_stack
 
     framework = load_stack(stack or "")
-    kernels = framework.plan_defaults()
+    spec = load_model(model)
+    kernels = framework.plan_defaults(spec.moe is not None)
     given = {"fp8_recipe": fp8_recipe, "cuda_graphs": cuda_graphs, "fused_activation": fused_activation,
              "fused_cross_entropy": fused_cross_entropy}  # fmt: skip
     # each of these: as given, else the stack's, else the search space's default; the rest are searched
     chosen = {k: kernels[k] for k in given if k in kernels} | {k: v for k, v in given.items() if v is not None}
     for decided in (*given, "micro_batch", "ep_dispatch", "ep_comm_overlap"):
         kernels.pop(decided, None)
-    spec = load_model(model)
     cluster = make_cluster(gpu, gpus, gpus_per_node, power_limit_w=power_limit)
     if profile is not None:  # ops the measured profile covers are priced from it (`costs.profiled`)
         from shardscope import with_profile

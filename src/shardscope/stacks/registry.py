@@ -20,8 +20,11 @@ from shardscope.errors import ShardscopeError
 # run gets when the user names none, and what a Megatron "DDP" means: with the distributed optimizer,
 # ZeRO-1), the shardings the framework offers (`shardings`: what a plan search tries, `planner.space`) and
 # the FLOP counter of the framework's own throughput report (`flops_attention`: causal | full;
-# `flops_exact_glu_window`).
-STACK_ONLY_KEYS = ("sharding", "shardings", "flops_attention", "flops_exact_glu_window")
+# `flops_exact_glu_window`), `pp_reshard_after_forward` (FSDP's reshard-after-forward where the plan is
+# pipelined and the user sets none: `plan.resolve`) and `moe_model_code` (plan fields the framework sets
+# differently for MoE models, which it runs with model code of its own).
+STACK_ONLY_KEYS = ("sharding", "shardings", "flops_attention", "flops_exact_glu_window", "pp_reshard_after_forward",
+                   "moe_model_code")  # fmt: skip
 SHARDINGS = ("ddp", "zero1", "fsdp")
 # The stack of a run that names none: Megatron-Core with Transformer Engine, as its examples run it.
 DEFAULT_STACK = "megatron"
@@ -58,9 +61,10 @@ class Stack:
         setting = self.settings.get(key)
         return default if setting is None else setting.value
 
-    def plan_defaults(self) -> dict[str, Any]:
-        """The plan fields this stack sets."""
-        return {k: s.value for k, s in self.settings.items() if k not in STACK_ONLY_KEYS}
+    def plan_defaults(self, moe: bool = False) -> dict[str, Any]:
+        """The plan fields this stack sets (for an MoE model: with its `moe_model_code` settings)."""
+        fields = {k: s.value for k, s in self.settings.items() if k not in STACK_ONLY_KEYS}
+        return fields | dict(self.value("moe_model_code") or {}) if moe else fields
 
     def sharding_kwargs(self, cell: str = "") -> dict[str, Any]:
         """Plan keywords for the sharding a run states: "" (the stack's default) or "ddp" (for a stack whose

@@ -749,7 +749,12 @@ def dp_comm(sc: StepCosts, model: ModelSpec, cluster: Cluster, plan: Plan, rank:
         per_param = GRAD_REDUCE_BYTES if plan.fsdp else plan.main_grad_bytes  # Megatron reduces its main_grad
         grad = collective_time_s(cluster, kind, per_param * dense, groups.shard if sharded else groups.dp)
         grad += collective_time_s(cluster, kind, per_param * expert, groups.edp)
-        grad_exp = max(0.0, grad - st.bwd) + grad / n_layers if plan.overlap_grad_reduce else grad
+        if plan.deferred_grad_sync:  # the stage reduces once its last backward is done: nothing left to hide it
+            grad_exp = grad
+        elif plan.overlap_grad_reduce:
+            grad_exp = max(0.0, grad - st.bwd) + grad / n_layers
+        else:
+            grad_exp = grad
         total += grad
         if sharded:
             gather = collective_time_s(cluster, "all_gather", sc.gather_bytes * dense, groups.shard)
