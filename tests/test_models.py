@@ -172,3 +172,19 @@ def test_active_parameters_match_published(name, active_b):
     if name.startswith("gpt-oss"):
         active -= m.vocab * m.hidden  # the card excludes the embedding table
     assert active / 1e9 == pytest.approx(active_b, rel=0.03)
+
+
+def test_glm4_moe_config_is_read_as_transformers_builds_it():
+    """GLM-4.5-Air (`glm4_moe`): q/k/v biases without an output bias, DeepSeek-V3's MoE (sigmoid router with a
+    correction bias, one shared expert, the first layer dense) and one MTP module; an MoE block holds the
+    2,341,492,736 parameters transformers' Glm4MoeDecoderLayer has (meta-device count) and the router's
+    128 score-correction biases, a buffer there but a tensor of the checkpoint (as DeepSeek-V3's)."""
+    from shardscope.costs.memory import layer_params_local
+
+    m = load_model("glm-4.5-air")
+    assert (m.qkv_bias, m.out_bias, m.qk_norm, m.mtp_layers) == (True, False, False, 1)
+    assert (m.moe.experts, m.moe.top_k, m.moe.shared_ffn, m.moe.first_dense_layers) == (128, 8, 1408, 1)
+    assert m.moe.score == "sigmoid" and m.moe.score_correction_bias
+    moe_kind = m.layer_kind(1)
+    assert moe_kind.mlp == "moe" and m.layer_kind(0).mlp != "moe"
+    assert layer_params_local(m, 1, moe_kind) == 2_341_492_736 + 128

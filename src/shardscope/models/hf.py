@@ -2,8 +2,8 @@
 
 Dense: Llama 1–3.x, Mistral, Qwen2/2.5/3 (`model_type` llama/mistral/qwen2/qwen3), GPT-2 (`gpt2`),
 GPT-NeoX (`gpt_neox`), MPT (`mpt`). MoE: Mixtral (`mixtral`), Qwen3-MoE (`qwen3_moe`), DeepSeek-V2/V3,
-Moonlight and Kimi-K2 (`deepseek_v2`, `deepseek_v3`, `kimi_k2`), GPT-OSS (`gpt_oss`), Llama 4
-(`llama4`, `llama4_text`). Field names are those of the transformers config classes.
+Moonlight and Kimi-K2 (`deepseek_v2`, `deepseek_v3`, `kimi_k2`), GLM-4.5/4.6 (`glm4_moe`), GPT-OSS
+(`gpt_oss`), Llama 4 (`llama4`, `llama4_text`). Field names are those of the transformers config classes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "olmo2", "granite"}
 SUPPORTED = sorted(
     LLAMA_LIKE
     | {"gpt2", "gpt_neox", "mpt", "mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss"}
-    | {"llama4", "llama4_text"}
+    | {"glm4_moe", "llama4", "llama4_text"}
 )
 
 
@@ -337,6 +337,37 @@ def _deepseek(name: str, cfg: dict[str, Any]) -> ModelSpec:
     )
 
 
+def _glm4_moe(name: str, cfg: dict[str, Any]) -> ModelSpec:
+    """GLM-4.5 / 4.6 (`glm4_moe`, transformers' modeling_glm4_moe.py): grouped-query attention with q/k/v
+    biases (`attention_bias`; no output bias), q/k norms where `use_qk_norm`, RoPE on a share of each head;
+    DeepSeek-V3's MoE (sigmoid router with a score-correction bias, group-limited top-k, shared experts,
+    first dense layers) and its MTP modules (`num_nextn_predict_layers`)."""
+    moe_ffn = _positive("moe_intermediate_size", _need(cfg, "moe_intermediate_size"))
+    shared = _count(cfg, "n_shared_experts")
+    moe = MoESpec(
+        experts=_positive("n_routed_experts", _need(cfg, "n_routed_experts")),
+        top_k=_positive("num_experts_per_tok", _need(cfg, "num_experts_per_tok")),
+        expert_ffn=moe_ffn,
+        shared_experts=1 if shared else 0,
+        shared_ffn=moe_ffn * shared,
+        first_dense_layers=_count(cfg, "first_k_dense_replace"),
+        score_correction_bias=True,  # Glm4MoeTopkRouter always holds e_score_correction_bias
+        groups=_positive_or(cfg, "n_group", 1),
+        groups_per_token=_positive_or(cfg, "topk_group", 1),
+        score="sigmoid",
+        normalize_top_k=bool(cfg.get("norm_topk_prob", False)),
+        routed_scaling=_number_or(cfg, "routed_scaling_factor", 1.0),
+    )
+    return _base(
+        name,
+        cfg,
+        moe=moe,
+        qkv_bias=bool(cfg.get("attention_bias", False)),
+        qk_norm=bool(cfg.get("use_qk_norm", False)),
+        mtp_layers=_count(cfg, "num_nextn_predict_layers"),
+    )
+
+
 def _gpt_oss(name: str, cfg: dict[str, Any]) -> ModelSpec:
     moe = MoESpec(
         experts=_positive("num_local_experts", _need(cfg, "num_local_experts")),
@@ -398,6 +429,7 @@ _PARSERS = {
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
     "kimi_k2": _deepseek,
+    "glm4_moe": _glm4_moe,
     "gpt_oss": _gpt_oss,
     "llama4": _llama4,
     "llama4_text": _llama4,
