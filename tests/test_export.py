@@ -527,3 +527,19 @@ def test_export_and_stack_name_one_release():
         runnable_export("torchtitan@0.3", "torchtitan@0.2")
     with pytest.raises(ShardscopeError, match="another framework"):
         runnable_export("deepspeed", "megatron")
+
+
+def test_torchtitan_reshard_policy_is_the_priced_one_with_pp():
+    """torchtitan's "default" reshard policy is `not pp_enabled`: a pipelined FSDP plan priced with
+    resharding exports "always", one priced without "never", an unpipelined one "default"."""
+    m = load_model("llama3.1-70b")
+    cluster = make_cluster("H100", 256)
+    base = dict(tp=8, fsdp=True, global_batch=256, seq_len=4096)
+    for kw, policy in (
+        (dict(pp=4), "always"),
+        (dict(pp=4, reshard_after_forward=False), "never"),
+        (dict(pp=1), "default"),
+    ):
+        plan = make_plan(m, cluster, **base, **kw)
+        assert f'fsdp_reshard_after_forward = "{policy}"' in export("torchtitan@0.2", m, plan)
+        assert f"--parallelism.fsdp_reshard_after_forward {policy} " in export("torchtitan@0.3", m, plan)

@@ -145,6 +145,7 @@ def _check_titan(cfg, argv: list[str], m, plan, launch) -> None:
     # sharding
     assert titan_degrees(plan) == (replicate, shard) and (shard > 1) == (plan.fsdp and plan.shard_size > plan.cp)
     reshard = "never" if plan.fsdp and not plan.reshard_after_forward else "default"
+    reshard = "always" if reshard == "default" and plan.fsdp and plan.pp > 1 else reshard  # (default: not pp)
     assert par.fsdp_reshard_after_forward == reshard and training.enable_cpu_offload == plan.offload_optimizer
     # overlap and compile: async TP, the compiled blocks / loss; no CUDA graphs the plan did not price
     compiled = cfg.compile

@@ -165,3 +165,27 @@ def test_precision_aware_optimizer_state_bytes():
     assert "precision-aware" not in " ".join(to_megatron(model, base))
     with pytest.raises(ShardscopeError, match="--optimizer-moments must be one of fp32, bf16, fp8"):
         make_plan(model, cluster, global_batch=64, optimizer_moments="fp16")
+
+
+def test_overlapped_tp_collective_hides_under_its_own_gemm():
+    """Transformer Engine's userbuffer overlap and PyTorch's micro-pipelined async TP split one GEMM into
+    chunks to hide one collective: an all-gather hides under the column GEMM it feeds, a reduce-scatter
+    under the row GEMM it follows, never under the other GEMMs of the layer. At TP8 a GQA model's q/k/v
+    GEMM is shorter than its all-gather: the rest shows."""
+    import shardscope
+    from shardscope.step.core import _gemm_times, step_costs
+
+    spec, cluster, plan = shardscope.setup("llama3.1-8b", "H100", 64, tp=8, micro_batch=12, tp_comm_overlap=True)
+    sc = step_costs(spec, cluster, plan)
+    kind = next(iter(sc.layers))
+    unit, layer = sc.graph.layers[kind], sc.layers[kind]
+    for backward, cost in ((False, layer.fwd), (True, layer.bwd)):
+        budget = _gemm_times(cluster, plan, unit, backward)
+        tp = [(c, e) for c, e in cost.comms if c.group == "tp"]
+        assert tp and all(c.gemm_op in budget for c, _ in tp)
+        for c, exposed in tp:
+            t = collective_time_s(cluster, c.kind, c.bytes, sc.groups.tp)
+            hidden = min(t, budget[c.gemm_op])
+            budget[c.gemm_op] -= hidden
+            assert exposed == pytest.approx(t - hidden)
+    assert next(e for c, e in layer.fwd.comms if c.name == "tp all-gather attn") > 0

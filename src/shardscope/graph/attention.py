@@ -193,6 +193,8 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
     ops.append(gemm("out proj", t, h, out_w, sh.fp8))
     ops.append(residual("attn residual add", model, t_sp))
     saved.append(Saved("attn residual (mlp norm input)", BF16 * t_sp * h, NOT_FULL))
-    comms = tp_collectives(plan, "attn", BF16 * t * h) + qk_comms + cp_collectives(plan, t, kv_ring, a2a_w)
+    column = "" if model.mla else "qkv proj"  # (MLA's down-projections are not split over TP)
+    comms = tp_collectives(plan, "attn", BF16 * t * h, column, "out proj") + qk_comms
+    comms += cp_collectives(plan, t, kv_ring, a2a_w)
     group = OpGroup(tuple(ops), tuple(saved), tuple(comms))
     return group, fp8_inputs, fp8_grads

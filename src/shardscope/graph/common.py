@@ -177,18 +177,26 @@ def gemm(name: str, m: float, n: int, k: int, fp8: bool = False, groups: int = 1
     )
 
 
-def tp_collectives(plan: Plan, where: str, act_bytes: float) -> list[Collective]:
+def tp_collectives(plan: Plan, where: str, act_bytes: float, column: str = "", row: str = "") -> list[Collective]:
     """Megatron TP around one column→row parallel pair: all-reduce fwd and bwd, or with sequence
     parallel an all-gather before and a reduce-scatter after (and their transposes in backward, plus
-    the re-gather of the saved local input for wgrad, which Megatron overlaps with dgrad)."""
+    the re-gather of the saved local input for wgrad, which Megatron overlaps with dgrad). `column` and
+    `row` name the pair's GEMMs: an overlapped all-gather feeds the column GEMM (forward; its transpose
+    in backward leaves the column GEMM's dgrad), a reduce-scatter follows the row GEMM, and each hides
+    under the GEMM it is split with ("": under the unit's GEMMs together)."""
     if plan.tp == 1:
         return []
     hide = "gemm" if plan.tp_comm_overlap else ""
     if not plan.sp:
-        return [Collective(f"tp all-reduce {where}", "all_reduce", "tp", act_bytes, ph, hide) for ph in ("fwd", "bwd")]
+        return [
+            Collective(f"tp all-reduce {where}", "all_reduce", "tp", act_bytes, ph, hide, gemm_op=op)
+            for ph, op in (("fwd", row), ("bwd", column))
+        ]
     out = []
-    for ph in ("fwd", "bwd"):
-        out.append(Collective(f"tp all-gather {where}", "all_gather", "tp", act_bytes, ph, hide))
-        out.append(Collective(f"tp reduce-scatter {where}", "reduce_scatter", "tp", act_bytes, ph, hide))
-    out.append(Collective(f"tp all-gather {where} input (wgrad)", "all_gather", "tp", act_bytes, "bwd", "gemm"))
+    for ph, (ag_op, rs_op) in (("fwd", (column, row)), ("bwd", (row, column))):
+        out.append(Collective(f"tp all-gather {where}", "all_gather", "tp", act_bytes, ph, hide, gemm_op=ag_op))
+        out.append(Collective(f"tp reduce-scatter {where}", "reduce_scatter", "tp", act_bytes, ph, hide, gemm_op=rs_op))
+    out.append(
+        Collective(f"tp all-gather {where} input (wgrad)", "all_gather", "tp", act_bytes, "bwd", "gemm", gemm_op=column)
+    )
     return out

@@ -156,7 +156,9 @@ def dense_mlp_group(model: ModelSpec, plan: Plan) -> tuple[OpGroup, float, float
     )
     ops += f_ops + [residual("mlp residual add", model, t_sp)]
     saved += f_saved + [Saved("down proj out", BF16 * t_sp * h, SELECTIVE_ONLY)]
-    return OpGroup(tuple(scoped(ops, "mlp")), tuple(saved), tuple(tp_collectives(plan, "mlp", BF16 * t * h))), fi, fg
+    up = "gate/up proj" if model.mlp == "swiglu" else "up proj"
+    comms = tp_collectives(plan, "mlp", BF16 * t * h, up, "down proj")
+    return OpGroup(tuple(scoped(ops, "mlp")), tuple(saved), tuple(comms)), fi, fg
 
 
 def _deepep_routing_map(moe: MoESpec, plan: Plan, tokens: float) -> Op:

@@ -110,3 +110,6 @@ class Collective:
     after: str = ""
     host_sync: bool = False
     call: str = ""  # the framework call that issues it, where its host time is measured (costs.host.CALLS)
+    # a TP collective overlapped by splitting one GEMM (Transformer Engine's userbuffer overlap, PyTorch's
+    # micro-pipelined async TP) hides under that GEMM alone: its op name ("" = under the unit's GEMMs)
+    gemm_op: str = ""

@@ -170,13 +170,21 @@ def paired_share(plan: Plan) -> float:
 
 
 def _add_comms(
-    cluster: Cluster, groups: Groups, unit: OpGroup, phase: str, cost: PhaseCost, blocks: dict[str, float]
+    cluster: Cluster,
+    plan: Plan,
+    groups: Groups,
+    unit: OpGroup,
+    phase: str,
+    cost: PhaseCost,
+    blocks: dict[str, float],
 ) -> PhaseCost:
     """Add the unit's collectives of `phase` to `cost`: each hides under what its `hidden_by` names (this
-    phase's compute, or one of the other micro-batch's `blocks`) as far as that budget lasts; an all-to-all
-    paired with another micro-batch's block hides only `EP_OVERLAP_FRACTION` of its time (and only in a
-    micro-batch that has a partner: `paired_share`)."""
+    phase's compute, or one of the other micro-batch's `blocks`) as far as that budget lasts, a TP
+    collective split with one GEMM (`gemm_op`) under that GEMM's time alone; an all-to-all paired with
+    another micro-batch's block hides only `EP_OVERLAP_FRACTION` of its time (and only in a micro-batch
+    that has a partner: `paired_share`)."""
     budget = {"attention": cost.attention_s, "gemm": cost.gemm_s, "compute": cost.compute_s, **blocks}
+    per_gemm: dict[str, float] | None = None
     for c in unit.comms:
         if c.phase != phase:
             continue
@@ -185,12 +193,24 @@ def _add_comms(
         if c.hidden_by:
             paired = c.hidden_by in blocks
             hidden = min((EP_OVERLAP_FRACTION if paired else 1.0) * t, budget[c.hidden_by])
+            if c.gemm_op and c.hidden_by == "gemm":
+                if per_gemm is None:
+                    per_gemm = _gemm_times(cluster, plan, unit, phase == "bwd")
+                if c.gemm_op in per_gemm:
+                    hidden = min(hidden, per_gemm[c.gemm_op])
+                    per_gemm[c.gemm_op] -= hidden
             budget[c.hidden_by] -= hidden
             cost.paired_hidden_s += hidden if paired else 0.0
         cost.hidden_s += hidden
         cost.exposed_s += t - hidden
         cost.comms.append((c, t - hidden))
     return cost
+
+
+def _gemm_times(cluster: Cluster, plan: Plan, unit: OpGroup, backward: bool) -> dict[str, float]:
+    """Each GEMM op's time in the unit's forward or backward (dgrad and wgrad), by op name."""
+    times = group_times_s(cluster.gpu, unit, plan)[backward]
+    return {op.name: t for op, t in zip(unit.ops, times, strict=True) if op.kind == "gemm"}
 
 
 def _phase_cost(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, backward: bool) -> PhaseCost:
@@ -200,7 +220,7 @@ def _phase_cost(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, bac
     phase = "bwd" if backward else "fwd"
 
     def cost() -> PhaseCost:
-        comms = _add_comms(cluster, groups, unit, phase, _compute_cost(cluster, plan, unit, backward), {})
+        comms = _add_comms(cluster, plan, groups, unit, phase, _compute_cost(cluster, plan, unit, backward), {})
         return _add_host_stall(cluster, plan, unit, backward, comms)
 
     return unit.memoised(("phase", cluster, backward), cost)
@@ -273,7 +293,7 @@ def _phase_costs(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup) ->
     fwd, bwd = _compute_cost(cluster, plan, unit, False), _compute_cost(cluster, plan, unit, True)
     blocks = _block_times(fwd, bwd)
     for phase, cost in (("fwd", fwd), ("bwd", bwd)):
-        _add_comms(cluster, groups, unit, phase, cost, blocks)
+        _add_comms(cluster, plan, groups, unit, phase, cost, blocks)
         _add_host_stall(cluster, plan, unit, phase == "bwd", cost)
     return fwd, bwd
 

@@ -99,6 +99,15 @@ def _no_config(model: ModelSpec, plan: Plan) -> str:
     return f"torchtitan 0.3 configs {model.name} only as {', '.join(c.label for c in have)}, not {gemms} GEMMs"
 
 
+def titan_reshard_policy(plan: Plan) -> str:
+    """`parallelism.fsdp_reshard_after_forward` for the plan: torchtitan's "default" reshards without PP
+    and keeps the weights gathered with it (`not pp_enabled`), so a pipelined plan priced with resharding
+    says "always"."""
+    if plan.fsdp and not plan.reshard_after_forward:
+        return "never"
+    return "always" if plan.fsdp and plan.pp > 1 else "default"
+
+
 def titan_degrees(plan: Plan) -> tuple[int, int]:
     """(data_parallel_replicate_degree, data_parallel_shard_degree): torchtitan's world is dp_replicate ·
     dp_shard · cp · tp · pp, FSDP sharding over dp_shard · cp (HSDP: a shard group of `shard_group` ranks)."""
@@ -412,7 +421,7 @@ def to_torchtitan_toml(model: ModelSpec, plan: Plan, launch: Launch | None = Non
     name, flavor = TORCHTITAN_FLAVORS[model.name]
     repo = hf_repo(model)
     converters, quantize = _titan_quantize(model, plan)
-    reshard = "never" if (plan.fsdp and not plan.reshard_after_forward) else "default"
+    reshard = titan_reshard_policy(plan)
     local_batch = plan.micro_batch * plan.grad_accum if plan.pp > 1 else plan.micro_batch
     pipeline: dict[str, object] = {}
     if plan.pp > 1:
@@ -504,7 +513,7 @@ def torchtitan_args(model: ModelSpec, plan: Plan, launch: Launch | None = None) 
     config = titan_config(model, plan)
     assert config is not None, "refused by CONSTRAINTS"
     replicate, shard = titan_degrees(plan)
-    reshard = "never" if plan.fsdp and not plan.reshard_after_forward else "default"
+    reshard = titan_reshard_policy(plan)
     local_batch = plan.micro_batch * plan.grad_accum if plan.pp > 1 else plan.micro_batch
     args = ["--module", config.module, "--config", config.function]
     repo = hf_repo(model)
