@@ -1,7 +1,7 @@
 """Distinct training configurations estimated per second: shardscope against llm-analysis 0.2.2 on the
 same configurations, in the same run.
 
-    python bench/vs_llm_analysis.py [--peer-python PATH] [--n 600]
+    python bench/vs_llm_analysis.py [--peer-python PATH] [--n 600] [--repeat 3]
 
 Each configuration is a distinct (TP, PP, micro-batch, global batch, sequence length, recompute) plan of
 Llama-2-70B on H100s (the model both tools know by name); every one is a fresh question, so no tool can
@@ -10,7 +10,8 @@ estimates (shardscope builds one op graph per TP, micro-batch and sequence lengt
 that do not depend on where they differ: a pipeline's across global batches, the model state's across
 recompute policies). llm-analysis runs in `--peer-python` (an interpreter where `pip install
 llm-analysis==0.2.2` was run; it imports transformers), each tool timed in its own process over the same
-list. Prints both rates and their ratio.
+list. Each tool runs `--repeat` times in fresh processes, alternating, so that a busy moment of the machine
+does not fall on one tool only; prints each tool's best and median rate and the ratio of the best.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import statistics
 import subprocess
 import sys
-import time
 
 PEER = r"""
 import json, logging, sys, time
@@ -53,32 +54,46 @@ def configurations(n: int) -> list[dict]:
     return out[:n]
 
 
-def shardscope_rate(configs: list[dict]) -> float:
-    import shardscope
+OURS = r"""
+import json, sys, time
+import shardscope
+configs = json.loads(sys.stdin.read())
+shardscope.estimate("llama2-70b", "H100", 8, global_batch=8)  # imports and catalog load, not timed
+t0 = time.perf_counter()
+for c in configs:
+    c = dict(c)
+    shardscope.estimate("llama2-70b", "H100", c.pop("gpus"), zero=1, **c)
+print(len(configs) / (time.perf_counter() - t0), 0)
+"""
 
-    shardscope.estimate("llama2-70b", "H100", 8, global_batch=8)  # imports and catalog load, not timed
-    t0 = time.perf_counter()
-    for c in configs:
-        c = dict(c)
-        shardscope.estimate("llama2-70b", "H100", c.pop("gpus"), zero=1, **c)
-    return len(configs) / (time.perf_counter() - t0)
+
+def rate(python: str, code: str, configs: list[dict]) -> float:
+    """Distinct configurations per second of `code` run by `python` in a fresh process."""
+    out = subprocess.run([python, "-c", code], input=json.dumps(configs), capture_output=True, text=True, check=True)
+    value, failed = out.stdout.strip().splitlines()[-1].split()
+    if int(failed):
+        print(f"  ({failed} configurations raised)")
+    return float(value)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--peer-python", default=None, help="interpreter with llm-analysis==0.2.2 installed")
     ap.add_argument("--n", type=int, default=600)
+    ap.add_argument("--repeat", type=int, default=3, help="fresh-process runs of each tool, alternating")
     args = ap.parse_args()
     configs = configurations(args.n)
-    ours = shardscope_rate(configs)
-    print(f"shardscope:   {ours:8.0f} distinct configurations/s ({len(configs)} configurations)")
-    if args.peer_python:
-        out = subprocess.run([args.peer_python, "-c", PEER], input=json.dumps(configs), capture_output=True,
-                             text=True, check=True)  # fmt: skip
-        peer, failed = out.stdout.strip().splitlines()[-1].split()
-        peer = float(peer)
-        print(f"llm-analysis: {peer:8.0f} distinct configurations/s ({failed} raised)")
-        print(f"ratio:        {ours / peer:8.2f}x")
+    ours: list[float] = []
+    peer: list[float] = []
+    for _ in range(args.repeat):
+        ours.append(rate(sys.executable, OURS, configs))
+        if args.peer_python:
+            peer.append(rate(args.peer_python, PEER, configs))
+    print(f"shardscope:   best {max(ours):8.0f}, median {statistics.median(ours):8.0f} distinct configurations/s "
+          f"({len(configs)} configurations, {args.repeat} runs)")  # fmt: skip
+    if peer:
+        print(f"llm-analysis: best {max(peer):8.0f}, median {statistics.median(peer):8.0f} distinct configurations/s")
+        print(f"ratio of the best: {max(ours) / max(peer):.2f}x")
 
 
 if __name__ == "__main__":
