@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_flatten  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts  # noqa: E402
 from torch_reference import GPTLayer, LlamaLayer, LossHead, bf16_module, saved_activation_bytes  # noqa: E402
 
-from shardscope.costs.memory import layer_params_local, model_state_bytes  # noqa: E402
+from shardscope.costs.memory import layer_params_local, layers_saved_bytes, model_state_bytes  # noqa: E402
 from shardscope.graph.build import build_stage_graph  # noqa: E402
 from shardscope.hardware.catalog import make_cluster  # noqa: E402
 from shardscope.models.catalog import load_model  # noqa: E402
@@ -183,3 +183,60 @@ def test_model_state_bytes_match_pytorch_optimizer(zero, fsdp, bytes_per_param):
     plan = make_plan(m, make_cluster("H100", 8), zero=zero, fsdp=fsdp, global_batch=8, seq_len=1024)
     st = model_state_bytes(1.0, plan)
     assert st.params + st.grads + st.optimizer == pytest.approx(bytes_per_param)
+
+
+def test_torchtitan_op_sac_keeps_every_other_matmul_output():
+    """torchtitan's op-level SAC (`_custom_policy`): the outputs of its save-list ops are kept except every
+    second `aten.mm` of the block, which re-runs in backward with what it feeds. Measured on a full-size
+    Llama-3.1-8B layer under FakeTensorMode with that policy, against the plan with
+    `recompute_alternate_mm` (which keeps neither wk's nor w3's output, nor wo's that the residual rebuilds)."""
+    m = load_model("llama3.1-8b")
+    batch, seq = 1, 4096
+    with FakeTensorMode():
+        layer = bf16_module(lambda: LlamaLayer(m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn_hidden))
+        cos = torch.randn(seq, m.head_dim, dtype=torch.bfloat16)
+        sin = torch.randn(seq, m.head_dim, dtype=torch.bfloat16)
+        x = torch.randn(batch, seq, m.hidden, dtype=torch.bfloat16, requires_grad=True)
+        kept: dict[int, int] = {}
+        count = {"mm": 0}
+
+        def policy(ctx, op, *args, **kwargs):
+            if op == torch.ops.aten.mm.default and not ctx.is_recompute:
+                count["mm"] += 1
+                if count["mm"] % 2 == 0:
+                    return CheckpointPolicy.PREFER_RECOMPUTE
+            return CheckpointPolicy.MUST_SAVE if op in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+        class Recorder(TorchDispatchMode):  # the forward's save-list outputs but every second matmul's
+            mm = 0
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if func == torch.ops.aten.mm.default:
+                    self.mm += 1
+                if func in SAVE_OPS and not (func == torch.ops.aten.mm.default and self.mm % 2 == 0):
+                    for t in tree_flatten(out)[0]:
+                        if isinstance(t, torch.Tensor):
+                            kept.setdefault(t.untyped_storage()._cdata, t.untyped_storage().nbytes())
+                return out
+
+        with Recorder():
+            checkpoint(
+                layer,
+                x,
+                cos,
+                sin,
+                use_reentrant=False,
+                context_fn=functools.partial(create_selective_checkpoint_contexts, policy),
+            )
+        measured = sum(kept.values()) + x.untyped_storage().nbytes()
+    kw = dict(micro_batch=batch, global_batch=batch, seq_len=seq, recompute="selective")
+    cluster = make_cluster("H100", 1)
+    plan = make_plan(m, cluster, recompute_alternate_mm=True, **kw)
+    graph = build_stage_graph(m, plan)
+    predicted = layers_saved_bytes(m, plan, graph, (0,), 0)
+    assert predicted == measured, (measured / seq, predicted / seq)
+    every = make_plan(m, cluster, **kw)  # every matmul's output kept: 39 KB per token more
+    assert layers_saved_bytes(m, every, graph, (0,), 0) - predicted == 2 * seq * (
+        m.kv_heads * m.head_dim + m.hidden + m.ffn_hidden
+    )

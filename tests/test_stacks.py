@@ -236,7 +236,7 @@ def test_torchtitan_op_sac_recomputes_every_second_matmul():
     """torchtitan's op-level selective AC saves every matmul output but each block's 2nd, 4th, ...: of a
     Llama block's wq, wk, wv, wo, w1, w3, w2 it re-runs wk, wo and w3 in backward."""
     from shardscope.graph.build import build_stage_graph
-    from shardscope.step.core import alternate_mm_share
+    from shardscope.graph.common import alternate_mm_share
 
     spec, _, plan = shardscope.setup("llama3.1-8b", "H100", 8, global_batch=8, stack="torchtitan")
     share = alternate_mm_share(spec, plan, build_stage_graph(spec, plan).layer)

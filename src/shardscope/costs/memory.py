@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from operator import attrgetter
 
-from shardscope.graph.build import BF16, FP32, StageGraph
+from shardscope.graph.build import BF16, FP32, OpGroup, StageGraph
+from shardscope.graph.common import alternate_mm_share
 from shardscope.graph.fp8 import weight_copy_bytes_per_param
 from shardscope.memo import MemoTable
 from shardscope.models.spec import LayerKind, ModelSpec
@@ -223,9 +224,19 @@ def layers_saved_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, layers: 
     rest = "none" if plan.recompute == "full" else plan.recompute
     total = sum(n * graph.layers[k].saved_bytes("full") for k, n in model.kind_counts(layers[:full]).items())
     return total + sum(
-        n * graph.layers[k].saved_bytes(rest, plan.recompute_modules)
-        for k, n in model.kind_counts(layers[full:]).items()
+        n * kept_bytes(model, plan, graph.layers[k], rest) for k, n in model.kind_counts(layers[full:]).items()
     )
+
+
+def kept_bytes(model: ModelSpec, plan: Plan, unit: OpGroup, policy: str) -> float:
+    """What one layer keeps for backward under `policy` (with the plan's Megatron recompute modules). Op-level
+    selective checkpointing that also re-runs every second matmul (torchtitan's, `recompute_alternate_mm`)
+    keeps none of those matmuls' outputs, nor what is rebuilt from them (`Saved.gemm`)."""
+    kept = unit.saved_bytes(policy, plan.recompute_modules)
+    if policy == "selective" and plan.recompute_alternate_mm and not plan.recompute_modules:
+        share = alternate_mm_share(model, plan, unit)
+        kept -= sum(s.bytes * share.get(s.gemm, 0.0) for s in unit.saved if s.gemm and "selective" in s.policies)
+    return kept
 
 
 def activation_bytes(
@@ -263,7 +274,7 @@ def _activation_bytes(plan: Plan, stage: int, parts: tuple) -> tuple[float, floa
 
 # The plan fields `_saved_parts` reads (the op graph, built for one model, fixes the rest of what it reads)
 _saved_fields = attrgetter("pp", "vpp", "pp_layout", "recompute", "recompute_layers", "recompute_modules", "mtp",
-                           "mtp_chunk", "tp")  # fmt: skip
+                           "mtp_chunk", "tp", "recompute_alternate_mm")  # fmt: skip
 saved_fields = _saved_fields  # (for a caller that builds `activation_bytes`' key once for several ranks)
 
 
@@ -284,7 +295,7 @@ def _saved_parts(
         worst_ws = 0.0
         for kind in model.kind_counts(layers):
             g = graph.layers[kind]
-            kept = g.saved_bytes(plan.recompute, plan.recompute_modules)
+            kept = kept_bytes(model, plan, g, plan.recompute)
             worst_ws = max(worst_ws, g.saved_bytes("none") - kept if plan.recompute != "none" else 0.0)
     chunk_layers = len(layers) / plan.vpp
     embedding = graph.embedding.saved_bytes(plan.recompute) if stage == 0 else None

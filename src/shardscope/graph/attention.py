@@ -176,7 +176,7 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
         kv_ring, a2a_w = k_w + v_w, 2 * q_w + k_w + v_w
 
     # MLA's q, k, v are rebuilt from the latents by the mla_up_proj recompute module
-    qkv = Saved("q, k, v", BF16 * t * (q_w + k_w + v_w), NOT_FULL)
+    qkv = Saved("q, k, v", BF16 * t * (q_w + k_w + v_w), NOT_FULL, gemm="qkv proj")
     saved += tagged([qkv], "mla_up_proj") if model.mla else [qkv]
     core_ops, core_saved = core_attention(model, plan, kind, nh, qk_hd, v_hd)
     ops += tagged(core_ops, "core_attn")
@@ -192,7 +192,7 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
             saved.append(Saved("attention out (fp8 copy for out proj)", t * out_w, NONE_ONLY))
     ops.append(gemm("out proj", t, h, out_w, sh.fp8))
     ops.append(residual("attn residual add", model, t_sp))
-    saved.append(Saved("attn residual (mlp norm input)", BF16 * t_sp * h, NOT_FULL))
+    saved.append(Saved("attn residual (mlp norm input)", BF16 * t_sp * h, NOT_FULL, gemm="out proj"))
     column = "" if model.mla else "qkv proj"  # (MLA's down-projections are not split over TP)
     comms = tp_collectives(plan, "attn", BF16 * t * h, column, "out proj") + qk_comms
     comms += cp_collectives(plan, t, kv_ring, a2a_w)

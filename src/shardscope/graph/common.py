@@ -57,6 +57,37 @@ class OpGroup(Memoised):
         return OpGroup(ops, saved, comms, self.attn_ops)
 
 
+def alternate_mm_share(model: ModelSpec, plan: Plan, unit: OpGroup) -> dict[str, float]:
+    """Per GEMM of `unit`, the share of its FLOPs (and of its output) that torchtitan's op-level selective
+    AC re-runs in backward: it counts the block's matmuls in forward order and recomputes every second one.
+    Our fused GEMMs are split into the model's own matmuls (q, k, v; gate, up) to count them; grouped expert
+    GEMMs are not `aten.mm` calls and are not counted. Kept on the unit (its graph fixes `plan.tp`)."""
+    return unit.memoised("alternate mm share", lambda: _alternate_mm_share(model, plan, unit))
+
+
+def _alternate_mm_share(model: ModelSpec, plan: Plan, unit: OpGroup) -> dict[str, float]:
+    out: dict[str, float] = {}
+    count = 0
+    for op in unit.ops:
+        if op.kind != "gemm" or op.groups > 1:
+            continue
+        n = op.mnk[1]
+        if op.name == "qkv proj" and not model.mla:
+            q = model.heads // plan.tp * model.head_dim
+            kv = (n - q) / 2
+            parts = [q, kv, kv]
+        elif op.name == "gate/up proj":
+            parts = [n / 2, n / 2]
+        else:
+            parts = [n]
+        redo = 0.0
+        for part in parts:
+            count += 1
+            redo += part if count % 2 == 0 else 0.0
+        out[op.name] = redo / n
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Shapes:
     """One GPU's share of a micro-batch: `t` tokens enter attention (after CP), `t_sp` are held by

@@ -113,7 +113,7 @@ def _ffn(
                 )
             )
         saved += [
-            Saved(f"{pre}gate, up", 2 * glu_input_bytes * tokens * ffn, NOT_FULL),
+            Saved(f"{pre}gate, up", 2 * glu_input_bytes * tokens * ffn, NOT_FULL, gemm=f"{pre}gate/up proj"),
             *([] if fused else [Saved(f"{pre}silu(gate)", BF16 * tokens * ffn, NONE_ONLY)]),
             Saved(f"{pre}swiglu out (down input)", gemm_in * tokens * ffn, NONE_ONLY),
         ]
@@ -128,7 +128,7 @@ def _ffn(
             Op(f"{pre}gelu", "memory", bytes=2 * BF16 * tokens * ffn, bwd_bytes=3 * BF16 * tokens * ffn, cheap=True)
         )
         saved += [
-            Saved(f"{pre}up", BF16 * tokens * ffn, NOT_FULL),
+            Saved(f"{pre}up", BF16 * tokens * ffn, NOT_FULL, gemm=f"{pre}up proj"),
             Saved(f"{pre}gelu out (down input)", gemm_in * tokens * ffn, NONE_ONLY),
         ]
         up_width = ffn
@@ -155,7 +155,7 @@ def dense_mlp_group(model: ModelSpec, plan: Plan) -> tuple[OpGroup, float, float
         model, "", t, model.ffn_hidden // plan.tp, sh.fp8, sh.gemm_in, fused=plan.fused_swiglu
     )
     ops += f_ops + [residual("mlp residual add", model, t_sp)]
-    saved += f_saved + [Saved("down proj out", BF16 * t_sp * h, SELECTIVE_ONLY)]
+    saved += f_saved + [Saved("down proj out", BF16 * t_sp * h, SELECTIVE_ONLY, gemm="down proj")]
     up = "gate/up proj" if model.mlp == "swiglu" else "up proj"
     comms = tp_collectives(plan, "mlp", BF16 * t * h, up, "down proj")
     return OpGroup(tuple(scoped(ops, "mlp")), tuple(saved), tuple(comms)), fi, fg

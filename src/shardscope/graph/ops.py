@@ -69,6 +69,9 @@ class Saved:
     bytes: float
     policies: frozenset[str]
     modules: frozenset[str] = frozenset()  # Megatron recompute modules that drop it (see MEGATRON_MODULES)
+    # the GEMM whose output it is, or whose output it is rebuilt from by ops op-level selective checkpointing
+    # re-runs (the residual sum after the out projection): dropped where that GEMM is recomputed too
+    gemm: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from shardscope.analytic.step import estimate_step
@@ -26,7 +27,7 @@ from shardscope.costs.memory import GIB, StateBytes, activation_bytes
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
-from shardscope.plan.plan import Plan, cuda_graph_problem, ep_overlap_problem, make_plan
+from shardscope.plan.plan import Plan, cuda_graph_problem, ep_overlap_problem, make_plan, section_fields
 from shardscope.planner.modules import layers_forward_s, memory_ranks, module_frontier
 from shardscope.planner.space import AUTO_EP_DISPATCHES, RECOMPUTE_LEVELS, SearchSpace, structures
 from shardscope.records import evolve
@@ -120,10 +121,14 @@ def _structure_parts(model: ModelSpec, plan: Plan, arch: str, fixed: dict) -> tu
     return parts
 
 
+# the recompute section's values (`_activations`' key: every field of the section, none forgotten)
+_RECOMPUTE_SECTION = attrgetter(*section_fields("recompute"))
+
+
 def _activations(model: ModelSpec, plan: Plan, graph: StageGraph, rank: int, fixed: dict) -> tuple[float, float, int]:
     """A rank's `activation_bytes`, kept in `fixed` for the plans of one structure: they differ only in
     recompute and optimizer offload, and offload does not change activations."""
-    key = ("activations", rank, plan.recompute, plan.recompute_modules, plan.recompute_layers)
+    key = ("activations", rank, _RECOMPUTE_SECTION(plan))
     acts = fixed.get(key)
     if acts is None:
         acts = fixed[key] = activation_bytes(model, plan, graph, rank)

@@ -38,6 +38,7 @@ from shardscope.costs.memory import (
 )
 from shardscope.costs.offload import cpu_optimizer_time_s, host_bytes_per_gpu, link_time_s
 from shardscope.graph.build import BF16, FP32, OpGroup, StageGraph, build_stage_graph
+from shardscope.graph.common import alternate_mm_share
 from shardscope.graph.ops import Collective
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import LayerKind, ModelSpec
@@ -296,33 +297,6 @@ def _phase_costs(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup) ->
         _add_comms(cluster, plan, groups, unit, phase, cost, blocks)
         _add_host_stall(cluster, plan, unit, phase == "bwd", cost)
     return fwd, bwd
-
-
-def alternate_mm_share(model: ModelSpec, plan: Plan, unit: OpGroup) -> dict[str, float]:
-    """Per GEMM of `unit`, the share of its FLOPs that torchtitan's op-level selective AC re-runs in
-    backward: it counts the block's matmuls in forward order and recomputes every second one. Our fused
-    GEMMs are split into the model's own matmuls (q, k, v; gate, up) to count them; grouped expert GEMMs
-    are not `aten.mm` calls and are not counted."""
-    out: dict[str, float] = {}
-    count = 0
-    for op in unit.ops:
-        if op.kind != "gemm" or op.groups > 1:
-            continue
-        n = op.mnk[1]
-        if op.name == "qkv proj" and not model.mla:
-            q = model.heads // plan.tp * model.head_dim
-            kv = (n - q) / 2
-            parts = [q, kv, kv]
-        elif op.name == "gate/up proj":
-            parts = [n / 2, n / 2]
-        else:
-            parts = [n]
-        redo = 0.0
-        for part in parts:
-            count += 1
-            redo += part if count % 2 == 0 else 0.0
-        out[op.name] = redo / n
-    return out
 
 
 def _layer_cost_of(
