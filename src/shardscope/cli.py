@@ -570,6 +570,9 @@ def serve_plan(
         typer.Option(help="write plan #1's launch commands for this engine release: vllm[@0.33.0] | sglang[@0.5.23]"),
     ] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="file for --export (default: stdout)")] = None,
+    report: Annotated[
+        Path | None, typer.Option(help="write an HTML page: latency-throughput curves of the best deployments")
+    ] = None,
     as_json: AsJson = False,
 ) -> None:
     """Search serving deployments (TP, EP, replicas, P:D, max seqs) on at most --gpus GPUs for the most goodput
@@ -585,6 +588,8 @@ def serve_plan(
             if export is None:
                 raise ShardscopeError("-o/--output names the file of --export; give --export ENGINE")
             _check_output_path(output)
+        if report is not None:
+            _check_output_path(report)
         engine = engine or (export_engine(export) if export is not None else "vllm")
         if export is not None:  # refuse before the search what the export can never write
             export_release(export, load_engine(engine, load_gpu(gpu)).label)
@@ -596,6 +601,10 @@ def serve_plan(
         text = serve_export(result, export, model) if export is not None else None
         if text is not None and output is not None:
             output.write_text(text)
+        if report is not None:
+            from shardscope.serve.page import write_serve_page
+
+            write_serve_page(report, result)
     except ShardscopeError as exc:
         _fail(str(exc))
         return

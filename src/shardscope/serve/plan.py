@@ -111,6 +111,7 @@ class ServePlanResult:
     searched: Searched
     search_s: float
     plans: list[ServePlan] = field(default_factory=list)
+    seed: int = 0  # of the arrivals and lengths every deployment was simulated with
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -366,7 +367,7 @@ def serve_plan(
         model=spec.name, gpu=cluster.gpu.name, max_gpus=gpus, engine=eng.label, precision=precision,
         kv_dtype=kv_dtype, dataset=dataset, rate_requests_per_s=rate, input_len=input_len, output_len=output_len,
         num_prompts=num_prompts, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, slo_percentile=PERCENTILE,
-        searched=searched, search_s=time.perf_counter() - start, plans=found[:top],
+        searched=searched, search_s=time.perf_counter() - start, plans=found[:top], seed=seed,
     )  # fmt: skip
 
 
