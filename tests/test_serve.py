@@ -228,7 +228,7 @@ PINNED_MAPE = {
     "throughput_tokens_per_s / trtllm@0.17 / GH200": 6.09,
     "throughput_tokens_per_s / trtllm@0.17 / H100": 7.45,
     "throughput_tokens_per_s / trtllm@0.17 / H200": 6.6,
-    "throughput_tokens_per_s / trtllm@0.17 / L40S": 7.39,
+    "throughput_tokens_per_s / trtllm@0.17 / L40S": 8.55,
     "token_time_ms_per_token / (blank) / A100-80GB": 18.6,
     "token_time_ms_per_token / (blank) / H100": 13.08,
     "total_token_throughput_tokens_per_s / trtllm@0.14 / H100": 17.35,
@@ -434,3 +434,25 @@ def test_serve_prices_gemms_from_a_measured_profile() -> None:
     assert measured.decode_iteration_s < 0.8 * plain.decode_iteration_s
     with pytest.raises(ShardscopeError, match="measured on H100, not H200"):
         serve_estimate("llama3.1-8b", gpu="H200", profile=calibrated, **kw)
+
+
+def test_trtllm_leaves_a_configs_uniform_sliding_window_off() -> None:
+    """TensorRT-LLM's KvCacheConfig.max_attention_window defaults to None, so Mistral-7B's `sliding_window`
+    (4096, every layer) is not applied unless set: its layers attend over the whole context, and a decode
+    at 20k tokens costs more than under vLLM, which applies it. GPT-OSS's windowed layer kinds run as built."""
+    gpu = make_cluster("H100", 1).gpu
+    trt, vllm = load_engine("trtllm", gpu), load_engine("vllm", gpu)
+    mistral, oss = load_model("mistral-7b"), load_model("gpt-oss-20b")
+    assert mistral.attention_window == 4096 and trt.serving_model(mistral).attention_window == 0
+    assert vllm.serving_model(mistral) is mistral and trt.serving_model(oss) is oss
+    cluster = make_cluster("H100", 1)
+    full = IterationCost(Deployment(trt.serving_model(mistral), cluster, 1, "bf16"), trt)
+    windowed = IterationCost(Deployment(mistral, cluster, 1, "bf16"), trt)
+    assert full.window_layers == 0 and windowed.window_layers == 32
+    # 64 sequences at 20k tokens: the KV reads dominate, over 20k keys instead of 4096
+    assert full.decode_time_s(64, 64 * 20001, 64 * 20001) > 2 * windowed.decode_time_s(64, 64 * 20001, 64 * 4096)
+    kw = dict(gpu="H100", gpus=1, rate=math.inf, num_prompts=8, input_len=20000, output_len=64)
+    assert (
+        serve_estimate("mistral-7b", engine="trtllm", **kw).prefill_s
+        > 1.2 * serve_estimate("mistral-7b", engine="vllm", **kw).prefill_s
+    )

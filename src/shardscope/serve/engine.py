@@ -4,13 +4,14 @@ budget by GPU memory) are `tiers`, the first that matches the GPU wins."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from typing import Any
 
 from shardscope.errors import ShardscopeError, unknown_name
 from shardscope.hardware.catalog import GPU
+from shardscope.models.spec import ModelSpec
 
 MEMORY_RULES = ("utilization", "static_fraction", "free_fraction")
 KV_ADMISSIONS = ("incremental", "reserve_full")
@@ -39,6 +40,16 @@ class Engine:
     host_s_per_iteration: float
     sources: tuple[tuple[str, str], ...]
     fp8_kv_with_fp8_weights: bool = False  # an FP8 checkpoint's KV cache is FP8 unless the user says otherwise
+    # a sliding window the config sets for every layer (Mistral's `sliding_window`) is applied; off, the
+    # layers attend over the whole context unless the user sets the window (windowed layer kinds of a model
+    # built with them, GPT-OSS's or Llama 4's, run as built either way)
+    uniform_sliding_window: bool = True
+
+    def serving_model(self, spec: ModelSpec) -> ModelSpec:
+        """`spec` as this engine runs it: without its uniform sliding window where the engine leaves it off."""
+        if self.uniform_sliding_window or spec.attention_pattern or not spec.attention_window:
+            return spec
+        return replace(spec, attention_window=0)
 
     def kv_dtype(self, asked: str, precision: str) -> str:
         """The KV-cache dtype a run gets: as `asked`, or for "auto" the engine's rule for `precision`."""
@@ -109,4 +120,5 @@ def load_engine(spec: str, gpu: GPU) -> Engine:
         host_s_per_iteration=float(values["host_s_per_iteration"]),
         sources=tuple(sorted(sources.items())),
         fp8_kv_with_fp8_weights=bool(values.get("fp8_kv_with_fp8_weights", False)),
+        uniform_sliding_window=bool(values.get("uniform_sliding_window", True)),
     )

@@ -153,6 +153,7 @@ def serve_estimate(
         raise ShardscopeError(f"--tp {tp} spans more GPUs than one NVLink domain ({cluster.scaleup_domain})")
     check_ep(spec, tp, ep)
     kv_dtype = eng.kv_dtype(kv_dtype, precision)
+    spec = eng.serving_model(spec)
     d = Deployment(spec, cluster, tp, precision, 1 if kv_dtype == "fp8" else 2, ep)
     mem = memory_plan(d, eng)
     draft_cost = None

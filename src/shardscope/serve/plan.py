@@ -283,6 +283,7 @@ def serve_plan(
     cluster = make_cluster(gpu, gpus)
     eng = load_engine(engine, cluster.gpu)
     kv_dtype = eng.kv_dtype(kv_dtype, precision)
+    spec = eng.serving_model(spec)
     reqs = make_requests(num_prompts, "poisson", rate, input_len, output_len, dataset, seed)
     goodput_bound = len(reqs) / reqs[-1].arrival_s  # requests/s: the run lasts at least to the last arrival
     multi_token = any(r.output_len > 1 for r in reqs)  # TPOT counts only requests of two tokens or more
