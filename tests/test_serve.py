@@ -456,3 +456,39 @@ def test_trtllm_leaves_a_configs_uniform_sliding_window_off() -> None:
         serve_estimate("mistral-7b", engine="trtllm", **kw).prefill_s
         > 1.2 * serve_estimate("mistral-7b", engine="vllm", **kw).prefill_s
     )
+
+
+def test_vllm_frees_the_blocks_windowed_layers_no_longer_read() -> None:
+    """vLLM's hybrid KV cache manager shares one block pool among the layers and frees, per sliding-window
+    layer, the blocks before its window (GPT-OSS: every other layer, 128 keys): a request holding c tokens
+    takes a block of every full layer per 16 tokens and at most 9 of each windowed layer. With 4k-token
+    prompts and 1k outputs the cache then holds all 256 requests at once, and the offline throughput rises."""
+    from dataclasses import replace
+
+    from shardscope.serve.simulator import kv_block_units
+
+    gpu = make_cluster("H100", 1).gpu
+    vllm = load_engine("vllm", gpu)
+    d = Deployment(load_model("gpt-oss-20b"), make_cluster("H100", 1), 1, "bf16")
+    units, per_block = kv_block_units(IterationCost(d, vllm), vllm)
+    layers = d.model.layers
+    assert per_block == layers
+    assert units(100) == layers * 7  # inside the window: every layer holds all its blocks
+    assert units(8192) == layers // 2 * 512 + layers // 2 * (512 - (8192 - 128 + 1) // 16)
+    kept = replace(vllm, kv_window_freed=False)
+    assert kv_block_units(IterationCost(d, kept), kept)[1] == 1
+    kw = dict(gpu="H100", gpus=1, rate=math.inf, num_prompts=256, input_len=4096, output_len=1024)
+    freed = serve_estimate("gpt-oss-20b", engine="vllm", **kw)
+    assert freed.max_kv_usage <= 1.0 and freed.output_tokens_per_s > 0
+    # the same deployment with every layer holding the whole context
+    import shardscope.serve.estimate as est
+
+    original = est.load_engine
+    est.load_engine = lambda spec, g: replace(original(spec, g), kv_window_freed=False)
+    try:
+        whole = serve_estimate("gpt-oss-20b", engine="vllm", **kw)
+    finally:
+        est.load_engine = original
+    assert freed.preemptions == 0 < whole.preemptions
+    assert freed.max_concurrency_at_full_length > 1.8 * whole.max_concurrency_at_full_length
+    assert freed.output_tokens_per_s > 1.3 * whole.output_tokens_per_s

@@ -44,6 +44,9 @@ class Engine:
     # layers attend over the whole context unless the user sets the window (windowed layer kinds of a model
     # built with them, GPT-OSS's or Llama 4's, run as built either way)
     uniform_sliding_window: bool = True
+    # the KV blocks a windowed layer no longer reads (before its sliding window or current chunk) go back to
+    # the pool, which all layers share; off, every layer holds a request's whole context
+    kv_window_freed: bool = False
 
     def serving_model(self, spec: ModelSpec) -> ModelSpec:
         """`spec` as this engine runs it: without its uniform sliding window where the engine leaves it off."""
@@ -121,4 +124,5 @@ def load_engine(spec: str, gpu: GPU) -> Engine:
         sources=tuple(sorted(sources.items())),
         fp8_kv_with_fp8_weights=bool(values.get("fp8_kv_with_fp8_weights", False)),
         uniform_sliding_window=bool(values.get("uniform_sliding_window", True)),
+        kv_window_freed=bool(values.get("kv_window_freed", False)),
     )

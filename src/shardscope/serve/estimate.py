@@ -27,7 +27,7 @@ from shardscope.serve.cost import (
 )
 from shardscope.serve.engine import Engine, load_engine
 from shardscope.serve.metrics import Stat, stat_s, weighted_stat_s
-from shardscope.serve.simulator import ReplicaRun, simulate_replica, window_keys
+from shardscope.serve.simulator import ReplicaRun, kv_block_units, simulate_replica, window_keys
 from shardscope.serve.workload import Request, make_requests
 
 PRECISIONS = ("bf16", "fp8")
@@ -355,6 +355,9 @@ def _summarise(
     finishes = [f for run, _ in runs for f in run.finish_s if not math.isnan(f)]
     duration = max(max(run.end_s for run, _ in runs), max(finishes, default=0.0))
     mean_len = sum(r.input_len + r.output_len for r in reqs) / len(reqs)
+    units, per_block = kv_block_units(cost, eng)
+    if per_block > 1:  # windowed layers hold only their window: the tokens' worth a request takes at its end
+        mean_len = sum(units(r.input_len + r.output_len) for r in reqs) / len(reqs) * eng.block_size / per_block
     # The first request alone: its prefill iteration and its first decode iteration.
     prompt = reqs[0].input_len
     pairs = prompt * (prompt + 1) / 2

@@ -8,12 +8,18 @@ requests join FCFS only in iterations without preemption, up to `max_num_seqs`.
 Events are iteration ends and request arrivals. Stretches of decode-only iterations in which no request
 arrives, finishes, joins, or runs out of blocks are stepped in a scalar loop over the aggregate context
 length (every sequence gains one token per step), so the cost per iteration does not grow with the batch.
+
+KV blocks are counted per layer where the engine frees what a windowed layer no longer reads (vLLM's hybrid
+KV cache manager: `SlidingWindowManager` drops the blocks before the window, `ChunkedLocalAttentionManager`
+those before the current chunk): a request holding c tokens then takes a block of every full layer per
+`block_size` tokens and of each windowed layer only for the blocks its window or chunk still covers.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shardscope.serve.cost import Batch, IterationCost
@@ -75,7 +81,47 @@ def _new_blocks(phases: list[int], steps: int, block_size: int) -> int:
     return sum(count * ((steps - 1 - r) // block_size + 1) for r, count in enumerate(phases) if count and steps > r)
 
 
-def _head_fits(s: _Seq, budget: int, free: int, bs: int, engine: Engine) -> bool:
+class _Growth:
+    """New blocks the running sequences (their `contexts`) need to grow by `steps` tokens each: from their
+    block phases (O(block_size)), or sequence by sequence where blocks are counted per layer (windowed
+    layers stop growing past their window)."""
+
+    __slots__ = ("bs", "contexts", "held", "phases", "units")
+
+    def __init__(self, contexts: list[int], units: Callable[[int], int], bs: int, per_layer: bool) -> None:
+        self.bs, self.units = bs, units
+        self.contexts = contexts if per_layer else []
+        self.held = sum(map(units, contexts)) if per_layer else 0
+        self.phases = None if per_layer else _block_phases(contexts, bs)
+
+    def __call__(self, steps: int) -> int:
+        if self.phases is not None:
+            return _new_blocks(self.phases, steps, self.bs)
+        return sum(self.units(c + steps) for c in self.contexts) - self.held
+
+
+def kv_block_units(cost: IterationCost, engine: Engine) -> tuple[Callable[[int], int], int]:
+    """(blocks a request holding c tokens takes, blocks per all-layer block): all-layer blocks, or where the
+    engine frees windowed layers' blocks (`Engine.kv_window_freed`) one layer's blocks, each windowed layer
+    keeping those its sliding window (the last `w` keys) or its chunk still covers."""
+    bs, kinds = engine.block_size, cost.d.model.layer_kinds()
+    w = cost.d.model.attention_window
+    windowed = sum(k.attention == "window" for k in kinds)
+    chunked = sum(k.attention == "chunk" for k in kinds)
+    if not (engine.kv_window_freed and w and (windowed or chunked)):
+        return (lambda c: -(-c // bs)), 1
+    full = len(kinds) - windowed - chunked
+
+    def units(c: int) -> int:
+        blocks = -(-c // bs)
+        kept_window = blocks - max(0, (c - w + 1) // bs)  # vLLM: blocks wholly before the window are freed
+        kept_chunk = blocks - (c // w) * w // bs  # and those wholly before the current chunk
+        return full * blocks + windowed * kept_window + chunked * kept_chunk
+
+    return units, len(kinds)
+
+
+def _head_fits(s: _Seq, budget: int, free: int, units: Callable[[int], int], engine: Engine) -> bool:
     """Whether the first waiting request would join now, by the general iteration's rule, after the running
     decodes took their tokens. While decodes only grow, the answer stays no until a request finishes."""
     need = s.prompt + s.generated - s.computed
@@ -83,7 +129,7 @@ def _head_fits(s: _Seq, budget: int, free: int, bs: int, engine: Engine) -> bool
     if take <= 0 or (take < need and not engine.chunked_prefill):
         return False
     held = s.prompt + s.out_total if engine.kv_admission == "reserve_full" else s.computed + take
-    return -(-held // bs) - s.blocks <= free
+    return units(held) - s.blocks <= free
 
 
 def simulate_replica(
@@ -102,6 +148,9 @@ def simulate_replica(
     n = len(requests)
     bs, budget_max, seqs_max = engine.block_size, engine.max_num_batched_tokens, engine.max_num_seqs
     window = cost.d.model.attention_window if cost.window_layers else 0
+    units, per_block = kv_block_units(cost, engine)
+    layer_blocks = per_block > 1  # blocks counted per layer (windowed layers free theirs)
+    pool = kv_blocks * per_block
     arrival = [r.arrival_s for r in requests]
     released = n
     if concurrency > 0:
@@ -113,7 +162,7 @@ def simulate_replica(
     timeline = run.timeline = [] if trace else None
     waiting: deque[_Seq] = deque()
     running: list[_Seq] = []
-    free, t, nxt, done = kv_blocks, 0.0, 0, 0
+    free, t, nxt, done = pool, 0.0, 0, 0
     # TRT-LLM's GUARANTEED_NO_EVICT: a request joins only with blocks for its prompt and whole output, so
     # nothing is ever preempted; vLLM and SGLang allocate as tokens come and preempt when the pool is full.
     reserve = engine.kv_admission == "reserve_full"
@@ -141,12 +190,14 @@ def simulate_replica(
             t = max(t, arrival[nxt])  # idle until the next arrival
             continue
         run.iterations += 1
-        used = kv_blocks - free
+        used = pool - free
         run.max_kv_blocks = max(run.max_kv_blocks, used)
 
         # ---- fast path: a stretch of decode-only iterations --------------------------------------------
         nrun = len(running)
-        admissible = bool(waiting) and nrun < seqs_max and _head_fits(waiting[0], budget_max - nrun, free, bs, engine)
+        admissible = (
+            bool(waiting) and nrun < seqs_max and _head_fits(waiting[0], budget_max - nrun, free, units, engine)
+        )
         if (
             nrun
             and not admissible
@@ -157,12 +208,12 @@ def simulate_replica(
             below = [s.computed for s in running if s.computed < window] if window else []
             if below:  # keep every sequence on one side of the window during the stretch
                 k = min(k, min(window - c for c in below))
-            phases = _block_phases([] if reserve else [s.computed for s in running], bs)
-            if _new_blocks(phases, k, bs) > free:  # largest k whose new blocks fit
+            grow = _Growth([] if reserve else [s.computed for s in running], units, bs, layer_blocks)
+            if grow(k) > free:  # largest k whose new blocks fit
                 lo, hi = 0, k
                 while lo < hi:
                     mid = (lo + hi + 1) // 2
-                    lo, hi = (mid, hi) if _new_blocks(phases, mid, bs) <= free else (lo, mid - 1)
+                    lo, hi = (mid, hi) if grow(mid) <= free else (lo, mid - 1)
                 k = lo
             if k >= 1:
                 total = sum(s.computed for s in running)
@@ -182,15 +233,15 @@ def simulate_replica(
                     if t >= next_a:
                         break
                 run.iterations += steps - 1
-                free -= _new_blocks(phases, steps, bs)
+                free -= grow(steps)
                 for s in running:
                     s.computed += steps
                     s.generated += steps
                     if not reserve:
-                        s.blocks = -(-s.computed // bs)
+                        s.blocks = units(s.computed)
                     s.last_token_s = t
-                run.max_kv_blocks = max(run.max_kv_blocks, kv_blocks - free)
-                run.kv_usage.append((t, (kv_blocks - free) / kv_blocks))
+                run.max_kv_blocks = max(run.max_kv_blocks, pool - free)
+                run.kv_usage.append((t, (pool - free) / pool))
                 if steps == k:
                     still = []
                     for s in running:
@@ -209,7 +260,7 @@ def simulate_replica(
         while i < len(running) and budget > 0:
             s = running[i]
             take = min(s.prompt + s.generated - s.computed, budget)
-            want = max(0, -(-(s.computed + take) // bs) - s.blocks)
+            want = max(0, units(s.computed + take) - s.blocks)
             self_preempted = False
             while want > free:  # preempt from the back of the running list until it fits
                 victim = running.pop()
@@ -236,7 +287,7 @@ def simulate_replica(
                 if take < need and not engine.chunked_prefill:
                     break
                 held = s.prompt + s.out_total if reserve else s.computed + take
-                want = max(0, -(-held // bs) - s.blocks)
+                want = max(0, units(held) - s.blocks)
                 if want > free:
                     break
                 waiting.popleft()
@@ -245,7 +296,7 @@ def simulate_replica(
                 s.blocks += want
                 scheduled.append((s, take))
                 budget -= take
-        run.max_kv_blocks = max(run.max_kv_blocks, kv_blocks - free)
+        run.max_kv_blocks = max(run.max_kv_blocks, pool - free)
 
         pt, pairs, pairs_w, dseq, dkv, dkvw, sampled = 0, 0.0, 0.0, 0, 0, 0, 0
         for s, take in scheduled:
@@ -287,6 +338,7 @@ def simulate_replica(
             run.itl.append((dt, regular))
         if finished:
             running = [s for s in running if math.isnan(finish[s.idx])]
-        run.kv_usage.append((t, (kv_blocks - free) / kv_blocks))
+        run.kv_usage.append((t, (pool - free) / pool))
     run.end_s = t
+    run.max_kv_blocks = -(-run.max_kv_blocks // per_block)  # in the pool's all-layer blocks
     return run
