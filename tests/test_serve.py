@@ -492,3 +492,35 @@ def test_vllm_frees_the_blocks_windowed_layers_no_longer_read() -> None:
     assert freed.preemptions == 0 < whole.preemptions
     assert freed.max_concurrency_at_full_length > 1.8 * whole.max_concurrency_at_full_length
     assert freed.output_tokens_per_s > 1.3 * whole.output_tokens_per_s
+
+
+def test_a_shared_prefix_is_computed_once_where_the_engine_caches_prefixes() -> None:
+    """vLLM reuses the full KV blocks of a prompt prefix another request computed: a second request arriving
+    after the first has finished prefills only the rest of its prompt, over keys that include the cached
+    prefix (one iteration of that batch), and holds the prefix blocks shared. TensorRT-LLM's block reuse is
+    off by default: both prefill the whole prompt."""
+    cluster = make_cluster("H100", 1)
+    d = Deployment(load_model("llama3.1-8b"), cluster, 1, "bf16")
+    reqs = [Request(0.0, 1024, 4), Request(10.0, 1024, 4)]
+    for name in ("vllm", "trtllm"):
+        eng = load_engine(name, cluster.gpu)
+        cost = IterationCost(d, eng)
+        run = simulate_replica(reqs, cost, eng, memory_plan(d, eng).kv_blocks, prefix=700)
+        ttft = [f - a for f, a in zip(run.first_token_s, run.arrival_s, strict=True)]
+        whole = cost.time_s(Batch(1024, window_keys(0, 1024, 0), window_keys(0, 1024, 0), sampled=1))
+        assert ttft[0] == pytest.approx(whole)
+        if name == "vllm":
+            cached = 700 // eng.block_size * eng.block_size  # full blocks only
+            rest = 1024 - cached
+            part = cost.time_s(Batch(rest, window_keys(cached, rest, 0), window_keys(cached, rest, 0), sampled=1))
+            assert ttft[1] == pytest.approx(part) and part < 0.7 * whole
+        else:
+            assert ttft[1] == pytest.approx(whole)
+    offline = dict(gpu="H100", gpus=1, rate=math.inf, num_prompts=400, input_len=4096, output_len=256)
+    shared = serve_estimate("llama3.1-8b", prefix_len=3072, **offline)
+    assert (
+        shared.prefix_len == 3072
+        and shared.output_tokens_per_s > 1.3 * serve_estimate("llama3.1-8b", **offline).output_tokens_per_s
+    )
+    with pytest.raises(ShardscopeError, match="--prefix-len"):
+        serve_estimate("llama3.1-8b", prefix_len=4096, **offline)

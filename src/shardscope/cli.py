@@ -509,6 +509,9 @@ def serve(
     num_prompts: Annotated[int, typer.Option(help="requests in the benchmark")] = 1000,
     input_len: Annotated[int, typer.Option(help="prompt tokens (dataset fixed)")] = 1024,
     output_len: Annotated[int, typer.Option(help="output tokens (dataset fixed)")] = 256,
+    prefix_len: Annotated[
+        int, typer.Option(help="prompt tokens every request shares (a system prompt; cached where the engine caches)")
+    ] = 0,
     dataset: Annotated[str, typer.Option(help="fixed | sharegpt-like (seeded log-normal lengths)")] = "fixed",
     seed: Annotated[int, typer.Option(help="random seed of arrivals and lengths")] = 0,
     max_num_seqs: Annotated[int | None, typer.Option(help="engine limit on running requests")] = None,
@@ -535,7 +538,7 @@ def serve(
             concurrency=concurrency, num_prompts=num_prompts, input_len=input_len, output_len=output_len,
             dataset=dataset, seed=seed, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, trace_file=trace, spec_decode=spec_decode,
-            disaggregate=disaggregate, ep=ep, profile=profile,
+            disaggregate=disaggregate, ep=ep, profile=profile, prefix_len=prefix_len,
         ),
         as_json,
         print_serve,

@@ -47,6 +47,9 @@ class Engine:
     # the KV blocks a windowed layer no longer reads (before its sliding window or current chunk) go back to
     # the pool, which all layers share; off, every layer holds a request's whole context
     kv_window_freed: bool = False
+    # full KV blocks of a prompt prefix another request computed are reused (vLLM's prefix caching, SGLang's
+    # radix cache): a request starts from them and holds them shared
+    prefix_caching: bool = False
 
     def serving_model(self, spec: ModelSpec) -> ModelSpec:
         """`spec` as this engine runs it: without its uniform sliding window where the engine leaves it off."""
@@ -125,4 +128,5 @@ def load_engine(spec: str, gpu: GPU) -> Engine:
         fp8_kv_with_fp8_weights=bool(values.get("fp8_kv_with_fp8_weights", False)),
         uniform_sliding_window=bool(values.get("uniform_sliding_window", True)),
         kv_window_freed=bool(values.get("kv_window_freed", False)),
+        prefix_caching=bool(values.get("prefix_caching", False)),
     )

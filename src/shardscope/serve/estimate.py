@@ -73,6 +73,7 @@ class ServeResult:
     disaggregate: str = ""  # "" or "P:D" (prefill:decode replicas)
     kv_transfer_s: float = 0.0  # one request's KV from a prefill to a decode replica (mean)
     ep: int = 1  # expert-parallel size of the MoE layers within a replica (1 or tp)
+    prefix_len: int = 0  # prompt tokens every request shares (cached where the engine caches prefixes)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -114,13 +115,17 @@ def serve_estimate(
     disaggregate: str | None = None,
     ep: int = 1,
     profile: str | Path | None = None,
+    prefix_len: int = 0,
 ) -> ServeResult:
     """Simulate the benchmark. `rate` inf with `concurrency` 0 is offline (all requests at once);
     `concurrency` > 0 keeps that many outstanding over the whole deployment. `slo_*_ms`: goodput counts the
     requests meeting them. `trace_file`: write the timeline as Chrome-trace JSON. `spec_decode`: see
     `parse_spec_decode`. `disaggregate` "P:D": the replicas split into prefill and decode pools. `ep` = `tp`:
-    the MoE layers run expert-parallel over the replica's GPUs (see `Deployment`)."""
+    the MoE layers run expert-parallel over the replica's GPUs (see `Deployment`). `prefix_len`: prompt
+    tokens every request shares (a system prompt), cached where the engine caches prefixes."""
     check_dtypes(precision, kv_dtype)
+    if prefix_len < 0 or (dataset == "fixed" and prefix_len >= input_len):
+        raise ShardscopeError(f"--prefix-len must be at least 0 and below --input-len {input_len}, got {prefix_len}")
     if tp < 1 or pp < 1:
         raise ShardscopeError("--tp and --pp must be at least 1")
     if pp != 1:
@@ -196,7 +201,7 @@ def serve_estimate(
     if pools is not None:
         if concurrency:
             raise ShardscopeError("--disaggregate runs Poisson or offline arrivals (not --concurrency)")
-        runs, transfer = _disaggregated(sim_reqs, reqs, pools, cost, eng, mem, d, trace)
+        runs, transfer = _disaggregated(sim_reqs, reqs, pools, cost, eng, mem, d, trace, prefix_len)
     else:
         # Round-robin routing: request i goes to replica i mod dp; a closed loop splits its clients evenly.
         shares = [sim_reqs[r::dp] for r in range(dp)]
@@ -205,12 +210,14 @@ def serve_estimate(
             clients = concurrency // dp + (1 if r < concurrency % dp else 0) if concurrency else 0
             if concurrency and clients == 0:
                 continue
-            run = simulate_replica(shares[r], cost, eng, mem.kv_blocks, clients, trace=trace)
+            run = simulate_replica(shares[r], cost, eng, mem.kv_blocks, clients, trace=trace, prefix=prefix_len)
             runs.append((run, originals[r]))
     result = _summarise(spec.name, cluster.gpu.name, gpus, tp, pp, dp, eng, precision, mode, rate, concurrency,
                         reqs, runs, mem, cost, slo_ttft_ms, slo_tpot_ms)  # fmt: skip
     if spec_dec is not None:
         result = replace(result, spec_decode=spec_dec.label, tokens_per_decode_step=spec_dec.tokens_per_step)
+    if prefix_len:
+        result = replace(result, prefix_len=prefix_len)
     if pools is not None:
         result = replace(result, disaggregate=f"{pools[0]}:{pools[1]}", kv_transfer_s=transfer)
     if ep != 1:
@@ -270,7 +277,7 @@ def kv_transfer_s(d: Deployment, tokens: int) -> float:
 
 def _disaggregated(
     sim_reqs: list[Request], reqs: list[Request], pools: tuple[int, int], cost: IterationCost, eng: Engine,
-    mem: Memory, d: Deployment, trace: bool,
+    mem: Memory, d: Deployment, trace: bool, prefix: int = 0,
 ) -> tuple[Runs, float]:  # fmt: skip
     """Prefill replicas run each prompt and sample its first token; its KV then crosses the network to a
     decode replica (round-robin in hand-off order), which decodes the rest. TTFT = first token on the
@@ -281,7 +288,7 @@ def _disaggregated(
     for r in range(n_p):
         idx = list(range(r, len(reqs), n_p))
         share = [Request(sim_reqs[i].arrival_s, sim_reqs[i].input_len, 1) for i in idx]
-        run = simulate_replica(share, cost, eng, mem.kv_blocks, trace=trace)
+        run = simulate_replica(share, cost, eng, mem.kv_blocks, trace=trace, prefix=prefix)
         for j, i in enumerate(idx):
             first[i] = run.first_token_s[j] + kv_transfer_s(d, reqs[i].input_len)
         # the prefill pool's run, counted for its iterations and occupancy; its requests finish elsewhere

@@ -13,6 +13,10 @@ KV blocks are counted per layer where the engine frees what a windowed layer no 
 KV cache manager: `SlidingWindowManager` drops the blocks before the window, `ChunkedLocalAttentionManager`
 those before the current chunk): a request holding c tokens then takes a block of every full layer per
 `block_size` tokens and of each windowed layer only for the blocks its window or chunk still covers.
+
+A prompt prefix every request shares (`prefix`, a system prompt) is cached where the engine caches prefixes
+(`Engine.prefix_caching`, vLLM's and SGLang's default): once a request has computed its full blocks, later
+requests start from them (at least one prompt token is always computed) and hold them once, shared.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ class _Seq:
     out_total: int
     generated: int = 0
     computed: int = 0  # tokens whose KV is in the cache
-    blocks: int = 0
+    blocks: int = 0  # blocks of its own (beyond a cached prefix it shares)
     last_token_s: float = 0.0
+    base: int = 0  # tokens of the shared cached prefix it started from
 
 
 @dataclass(slots=True)
@@ -129,7 +134,7 @@ def _head_fits(s: _Seq, budget: int, free: int, units: Callable[[int], int], eng
     if take <= 0 or (take < need and not engine.chunked_prefill):
         return False
     held = s.prompt + s.out_total if engine.kv_admission == "reserve_full" else s.computed + take
-    return units(held) - s.blocks <= free
+    return units(held) - units(s.base) - s.blocks <= free
 
 
 def simulate_replica(
@@ -140,11 +145,13 @@ def simulate_replica(
     concurrency: int = 0,
     trace: bool = False,
     prefilled: bool = False,
+    prefix: int = 0,
 ) -> ReplicaRun:
     """Run `requests` (in arrival order) through one replica. `concurrency` > 0: a closed loop, the first
     `concurrency` requests sent at t = 0 and each later one when a request finishes. `trace`: record every
     iteration in `timeline`. `prefilled`: requests arrive with their prompt's KV and first token (the
-    decode instance of a disaggregated deployment); their first token time is left to the caller."""
+    decode instance of a disaggregated deployment); their first token time is left to the caller.
+    `prefix`: prompt tokens every request shares, cached where the engine caches prefixes."""
     n = len(requests)
     bs, budget_max, seqs_max = engine.block_size, engine.max_num_batched_tokens, engine.max_num_seqs
     window = cost.d.model.attention_window if cost.window_layers else 0
@@ -166,6 +173,26 @@ def simulate_replica(
     # TRT-LLM's GUARANTEED_NO_EVICT: a request joins only with blocks for its prompt and whole output, so
     # nothing is ever preempted; vLLM and SGLang allocate as tokens come and preempt when the pool is full.
     reserve = engine.kv_admission == "reserve_full"
+    # the shared prefix's full blocks, cached once a request has computed them (0: nothing to share)
+    cacheable = (prefix // bs) * bs if engine.prefix_caching and not prefilled else 0
+    cached = False
+
+    def hit(s: _Seq) -> None:
+        """A request not yet started begins from the cached prefix (at least its last prompt token computed)."""
+        if cached and s.computed == 0:
+            s.computed = s.base = min(cacheable, (s.prompt - 1) // bs * bs)
+
+    def cache_prefix() -> None:
+        """The first request to compute the prefix's full blocks turns them into the shared cached copy."""
+        nonlocal cached
+        owner = next((s for s in running if s.computed >= cacheable and math.isnan(finish[s.idx])), None)
+        if owner is None:
+            return
+        cached = True
+        owner.blocks -= units(cacheable)  # its prefix blocks become the shared copy (still held: not freed)
+        owner.base = cacheable
+        for s in waiting:
+            hit(s)
 
     def finish_seq(s: _Seq) -> None:
         nonlocal free, done, released
@@ -185,6 +212,7 @@ def simulate_replica(
                 waiting.append(_Seq(nxt, r.input_len, r.output_len, 1, r.input_len, 0, arrival[nxt]))
             else:
                 waiting.append(_Seq(nxt, r.input_len, r.output_len))
+                hit(waiting[-1])
             nxt += 1
         if not running and not waiting:
             t = max(t, arrival[nxt])  # idle until the next arrival
@@ -238,7 +266,7 @@ def simulate_replica(
                     s.computed += steps
                     s.generated += steps
                     if not reserve:
-                        s.blocks = units(s.computed)
+                        s.blocks = units(s.computed) - units(s.base)
                     s.last_token_s = t
                 run.max_kv_blocks = max(run.max_kv_blocks, pool - free)
                 run.kv_usage.append((t, (pool - free) / pool))
@@ -260,12 +288,13 @@ def simulate_replica(
         while i < len(running) and budget > 0:
             s = running[i]
             take = min(s.prompt + s.generated - s.computed, budget)
-            want = max(0, units(s.computed + take) - s.blocks)
+            want = max(0, units(s.computed + take) - units(s.base) - s.blocks)
             self_preempted = False
             while want > free:  # preempt from the back of the running list until it fits
                 victim = running.pop()
                 free += victim.blocks
-                victim.blocks = victim.computed = 0
+                victim.blocks = victim.computed = victim.base = 0
+                hit(victim)
                 waiting.appendleft(victim)
                 run.preemptions += 1
                 preempted = True
@@ -287,7 +316,7 @@ def simulate_replica(
                 if take < need and not engine.chunked_prefill:
                     break
                 held = s.prompt + s.out_total if reserve else s.computed + take
-                want = max(0, units(held) - s.blocks)
+                want = max(0, units(held) - units(s.base) - s.blocks)
                 if want > free:
                     break
                 waiting.popleft()
@@ -334,6 +363,8 @@ def simulate_replica(
             if s.generated == s.out_total:
                 finish_seq(s)
                 finished = True
+        if cacheable and not cached:
+            cache_prefix()
         if regular:
             run.itl.append((dt, regular))
         if finished:
