@@ -245,3 +245,18 @@ def test_table_has_the_columns() -> None:
     for col in ("GPUs", "TP", "EP", "replicas", "P:D", "max seqs", "req/s", "req/s/GPU", "TTFT p90", "TPOT p90"):
         assert col in res.stdout
     assert "goodput" in res.stdout and "shardscope serve llama3.1-8b" in res.stdout
+
+
+def test_serve_plan_searches_with_a_cached_shared_prefix() -> None:
+    """A prompt prefix every request shares, cached by vLLM, makes a TTFT target reachable that no
+    deployment meets without it; the plan's command carries it and reproduces the plan."""
+    kw = dict(gpu="H100", gpus=1, rate=2, input_len=2048, output_len=64, num_prompts=200, slo_ttft_ms=60, top=2)
+    with pytest.raises(ShardscopeError, match="no deployment"):
+        serve_plan("llama3.1-8b", **kw)
+    best = serve_plan("llama3.1-8b", prefix_len=1536, **kw).plans[0]
+    assert "--prefix-len 1536" in best.serve_command and best.ttft_p90_ms <= 60
+    again = serve_estimate(
+        "llama3.1-8b", gpu="H100", gpus=best.gpus, tp=best.tp, rate=2, input_len=2048, output_len=64,
+        num_prompts=200, max_num_seqs=best.max_num_seqs, prefix_len=1536,
+    )  # fmt: skip
+    assert again.ttft.p90_ms == pytest.approx(best.ttft_p90_ms)

@@ -557,6 +557,9 @@ def serve_plan(
     rate: Annotated[float | None, typer.Option(help="Poisson arrivals, requests/s (required)")] = None,
     input_len: Annotated[int, typer.Option(help="prompt tokens (dataset fixed)")] = 1024,
     output_len: Annotated[int, typer.Option(help="output tokens (dataset fixed)")] = 256,
+    prefix_len: Annotated[
+        int, typer.Option(help="prompt tokens every request shares (a system prompt; cached where the engine caches)")
+    ] = 0,
     dataset: Annotated[str, typer.Option(help="fixed | sharegpt-like (seeded log-normal lengths)")] = "fixed",
     num_prompts: Annotated[int, typer.Option(help="requests in each deployment's simulation")] = 1000,
     seed: Annotated[int, typer.Option(help="random seed of arrivals and lengths")] = 0,
@@ -600,6 +603,7 @@ def serve_plan(
             model, gpu=gpu, gpus=gpus, engine=engine, rate=rate, input_len=input_len, output_len=output_len,
             dataset=dataset, num_prompts=num_prompts, seed=seed, precision=precision, kv_dtype=kv_dtype,
             slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, top=top, disaggregate=disaggregate,
+            prefix_len=prefix_len,
         )  # fmt: skip
         text = serve_export(result, export, model) if export is not None else None
         if text is not None and output is not None:

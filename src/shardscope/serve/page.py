@@ -41,6 +41,7 @@ def curve(result: ServePlanResult, plan: ServePlan) -> list[dict]:
             num_prompts=result.num_prompts, input_len=result.input_len, output_len=result.output_len,
             dataset=result.dataset, seed=result.seed, max_num_seqs=plan.max_num_seqs,
             slo_ttft_ms=result.slo_ttft_ms, slo_tpot_ms=result.slo_tpot_ms, disaggregate=plan.disaggregate,
+            prefix_len=result.prefix_len,
         )  # fmt: skip
         points.append(
             {

@@ -112,6 +112,7 @@ class ServePlanResult:
     search_s: float
     plans: list[ServePlan] = field(default_factory=list)
     seed: int = 0  # of the arrivals and lengths every deployment was simulated with
+    prefix_len: int = 0  # prompt tokens every request shares
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -199,8 +200,11 @@ def cost_kv_tokens(cost: IterationCost) -> int:
 
 
 def _shape(
-    spec: ModelSpec, gpu: str, tp: int, ep: int, eng, seqs: int, precision: str, kv_bytes: int, reqs: list[Request]
+    spec: ModelSpec, gpu: str, tp: int, ep: int, eng, seqs: int, precision: str, kv_bytes: int, reqs: list[Request],
+    cached: int = 0,
 ) -> _Shape:  # fmt: skip
+    """A deployment shape's closed-form bounds (TTFT, decode step, request rate). With a cached shared prefix
+    (`cached` tokens) the bounds count only what a request computes and holds of its own: still bounds."""
     cluster = make_cluster(gpu, tp)
     e = replace(eng, max_num_seqs=seqs)
     d = Deployment(spec, cluster, tp, precision, kv_bytes, ep)
@@ -211,12 +215,12 @@ def _shape(
         return _Shape(tp, ep, seqs, False, mem.weights_gib, math.inf, math.inf, 0.0, 0.0, 0.0, math.inf)
     cost = IterationCost(d, e)
     p90_in = math.ceil(percentile(sorted(r.input_len for r in reqs), PERCENTILE))
-    alone = simulate_replica([Request(0.0, p90_in, 1)], cost, e, mem.kv_blocks)
-    min_in = min(r.input_len for r in reqs)
+    alone = simulate_replica([Request(0.0, max(1, p90_in - cached), 1)], cost, e, mem.kv_blocks)
+    min_in = max(1, min(r.input_len for r in reqs) - cached)
     window = spec.attention_window
     kvw = min(min_in + 1, window) if window else min_in + 1
     decode = cost.decode_time_s(1, min_in + 1, kvw)
-    mean_in = sum(r.input_len for r in reqs) / len(reqs)
+    mean_in = max(1.0, sum(r.input_len for r in reqs) / len(reqs) - cached)
     mean_out = sum(r.output_len for r in reqs) / len(reqs)
     colocated, prefill, dec = _capacity(cost, e.max_num_batched_tokens, seqs, mean_in, mean_out)
     return _Shape(
@@ -259,6 +263,7 @@ def serve_plan(
     top: int = 5,
     disaggregate: bool = True,
     screen_prompts: int = SCREEN_PROMPTS,
+    prefix_len: int = 0,
 ) -> ServePlanResult:
     """Search TP, EP, replicas, P:D disaggregation and max_num_seqs for the deployments on at most `gpus`
     GPUs with the most goodput requests/s per GPU that meet the SLOs at Poisson `rate`; the best `top`.
@@ -285,6 +290,10 @@ def serve_plan(
     kv_dtype = eng.kv_dtype(kv_dtype, precision)
     spec = eng.serving_model(spec)
     reqs = make_requests(num_prompts, "poisson", rate, input_len, output_len, dataset, seed)
+    if prefix_len < 0 or (dataset == "fixed" and prefix_len >= input_len):
+        raise ShardscopeError(f"--prefix-len must be at least 0 and below --input-len {input_len}, got {prefix_len}")
+    # the shared prefix's tokens a request need not compute once cached (the bounds below start from them)
+    cached = prefix_len // eng.block_size * eng.block_size if eng.prefix_caching else 0
     goodput_bound = len(reqs) / reqs[-1].arrival_s  # requests/s: the run lasts at least to the last arrival
     multi_token = any(r.output_len > 1 for r in reqs)  # TPOT counts only requests of two tokens or more
     kv_bytes = 1 if kv_dtype == "fp8" else 2
@@ -293,7 +302,7 @@ def serve_plan(
     if not tps:
         raise ShardscopeError(f"{spec.name}: no TP size up to {gpus} divides its {spec.heads} attention heads")
     shapes = {
-        (tp, ep, s): _shape(spec, gpu, tp, ep, eng, s, precision, kv_bytes, reqs)
+        (tp, ep, s): _shape(spec, gpu, tp, ep, eng, s, precision, kv_bytes, reqs, cached)
         for tp in tps
         for ep in ep_sizes(spec, tp)
         for s in ladder
@@ -302,7 +311,7 @@ def serve_plan(
     common = dict(
         gpu=gpu, engine=engine, num_prompts=num_prompts, precision=precision, kv_dtype=kv_dtype, rate=rate,
         input_len=input_len, output_len=output_len, dataset=dataset, seed=seed, slo_ttft_ms=slo_ttft_ms,
-        slo_tpot_ms=slo_tpot_ms,
+        slo_tpot_ms=slo_tpot_ms, prefix_len=prefix_len,
     )  # fmt: skip
     n_screen = min(num_prompts, screen_prompts)
     st: dict[str, int] = dict.fromkeys(Searched.__slots__, 0)
@@ -369,6 +378,7 @@ def serve_plan(
         kv_dtype=kv_dtype, dataset=dataset, rate_requests_per_s=rate, input_len=input_len, output_len=output_len,
         num_prompts=num_prompts, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, slo_percentile=PERCENTILE,
         searched=searched, search_s=time.perf_counter() - start, plans=found[:top], seed=seed,
+        prefix_len=prefix_len,
     )  # fmt: skip
 
 
@@ -441,6 +451,8 @@ def _plan(res: ServeResult, g: int, tp: int, ep: int, r: int, p: int, s: int, mo
         cmd += f" --precision {common['precision']}"
     if common["kv_dtype"] != "bf16":
         cmd += f" --kv-dtype {common['kv_dtype']}"
+    if common["prefix_len"]:
+        cmd += f" --prefix-len {common['prefix_len']}"
     if p:
         cmd += f" --disaggregate {p}:{r - p}"
     for flag, v in (("--slo-ttft-ms", common["slo_ttft_ms"]), ("--slo-tpot-ms", common["slo_tpot_ms"])):
