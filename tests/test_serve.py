@@ -524,3 +524,14 @@ def test_a_shared_prefix_is_computed_once_where_the_engine_caches_prefixes() -> 
     )
     with pytest.raises(ShardscopeError, match="--prefix-len"):
         serve_estimate("llama3.1-8b", prefix_len=4096, **offline)
+
+
+def test_cli_serve_states_the_shared_prefix() -> None:
+    args = ["serve", "llama3.1-8b", "--gpus", "1", "--rate", "2", "--num-prompts", "40", "--input-len", "1024",
+            "--output-len", "32", "--prefix-len", "800"]  # fmt: skip
+    table = CliRunner().invoke(app, args, env={"COLUMNS": "140"})
+    assert table.exit_code == 0 and "shared prompt prefix" in table.stdout and "800 tokens" in table.stdout
+    doc = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    assert doc["prefix_len"] == 800
+    bad = CliRunner().invoke(app, [*args[:-1], "1024"])
+    assert bad.exit_code == 2 and "--prefix-len" in bad.output and len(bad.output.strip().splitlines()) == 1

@@ -33,6 +33,8 @@ def print_serve(r: ServeResult, console: Console | None = None) -> None:
         ("prefill of one prompt alone", f"{r.prefill_s * 1e3:.2f} ms"),
         ("decode iteration of one request", f"{r.decode_iteration_s * 1e3:.2f} ms"),
     ]
+    if r.prefix_len:
+        rows.append(("shared prompt prefix", f"{r.prefix_len:,} tokens"))
     if r.spec_decode:
         rows.append(("speculative decoding", f"{r.spec_decode}: {r.tokens_per_decode_step:.2f} tokens a step"))
     if r.disaggregate:
