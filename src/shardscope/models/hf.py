@@ -298,6 +298,28 @@ def _qwen3_moe(name: str, cfg: dict[str, Any]) -> ModelSpec:
     return _base(name, cfg, moe=moe, qk_norm=True, qkv_bias=bool(cfg.get("attention_bias", False)))
 
 
+def _deepseek_moe(cfg: dict[str, Any], *, score_correction_bias: bool, score: str) -> MoESpec:
+    """DeepSeek-V2/V3's MoE as its config keys give it (also GLM-4.5's): routed experts, one shared MLP of
+    `n_shared_experts` times the expert size, first dense layers, group-limited top-k."""
+    moe_ffn = _positive("moe_intermediate_size", _need(cfg, "moe_intermediate_size"))
+    shared = _count(cfg, "n_shared_experts")
+    return MoESpec(
+        experts=_positive("n_routed_experts", _need(cfg, "n_routed_experts")),
+        top_k=_positive("num_experts_per_tok", _need(cfg, "num_experts_per_tok")),
+        expert_ffn=moe_ffn,
+        shared_experts=1 if shared else 0,
+        shared_ffn=moe_ffn * shared,  # one MLP of n_shared x the expert size
+        first_dense_layers=_count(cfg, "first_k_dense_replace"),
+        layer_step=_positive_or(cfg, "moe_layer_freq", 1),
+        score_correction_bias=score_correction_bias,
+        groups=_positive_or(cfg, "n_group", 1),
+        groups_per_token=_positive_or(cfg, "topk_group", 1),
+        score=score,
+        normalize_top_k=bool(cfg.get("norm_topk_prob", False)),  # DeepseekV2Config's default
+        routed_scaling=_number_or(cfg, "routed_scaling_factor", 1.0),
+    )
+
+
 def _deepseek(name: str, cfg: dict[str, Any]) -> ModelSpec:
     """DeepSeek-V2/V3 layout (also Moonlight, Kimi-K2): MLA, shared + routed experts, first dense layers."""
     mla = MLASpec(
@@ -307,23 +329,10 @@ def _deepseek(name: str, cfg: dict[str, Any]) -> ModelSpec:
         qk_rope_head_dim=_positive("qk_rope_head_dim", _need(cfg, "qk_rope_head_dim")),
         v_head_dim=_positive("v_head_dim", _need(cfg, "v_head_dim")),
     )
-    experts = _positive("n_routed_experts", _need(cfg, "n_routed_experts"))
-    moe_ffn = _positive("moe_intermediate_size", _need(cfg, "moe_intermediate_size"))
-    shared = _count(cfg, "n_shared_experts")
-    moe = MoESpec(
-        experts=experts,
-        top_k=_positive("num_experts_per_tok", _need(cfg, "num_experts_per_tok")),
-        expert_ffn=moe_ffn,
-        shared_experts=1 if shared else 0,
-        shared_ffn=moe_ffn * shared,  # one MLP of n_shared x the expert size
-        first_dense_layers=_count(cfg, "first_k_dense_replace"),
-        layer_step=_positive_or(cfg, "moe_layer_freq", 1),
+    moe = _deepseek_moe(
+        cfg,
         score_correction_bias=cfg.get("topk_method") == "noaux_tc",
-        groups=_positive_or(cfg, "n_group", 1),
-        groups_per_token=_positive_or(cfg, "topk_group", 1),
         score="sigmoid" if cfg.get("scoring_func") == "sigmoid" else "softmax",
-        normalize_top_k=bool(cfg.get("norm_topk_prob", False)),  # DeepseekV2Config's default
-        routed_scaling=_number_or(cfg, "routed_scaling_factor", 1.0),
     )
     heads = _positive("num_attention_heads", _need(cfg, "num_attention_heads"))
     return _base(
@@ -342,22 +351,8 @@ def _glm4_moe(name: str, cfg: dict[str, Any]) -> ModelSpec:
     biases (`attention_bias`; no output bias), q/k norms where `use_qk_norm`, RoPE on a share of each head;
     DeepSeek-V3's MoE (sigmoid router with a score-correction bias, group-limited top-k, shared experts,
     first dense layers) and its MTP modules (`num_nextn_predict_layers`)."""
-    moe_ffn = _positive("moe_intermediate_size", _need(cfg, "moe_intermediate_size"))
-    shared = _count(cfg, "n_shared_experts")
-    moe = MoESpec(
-        experts=_positive("n_routed_experts", _need(cfg, "n_routed_experts")),
-        top_k=_positive("num_experts_per_tok", _need(cfg, "num_experts_per_tok")),
-        expert_ffn=moe_ffn,
-        shared_experts=1 if shared else 0,
-        shared_ffn=moe_ffn * shared,
-        first_dense_layers=_count(cfg, "first_k_dense_replace"),
-        score_correction_bias=True,  # Glm4MoeTopkRouter always holds e_score_correction_bias
-        groups=_positive_or(cfg, "n_group", 1),
-        groups_per_token=_positive_or(cfg, "topk_group", 1),
-        score="sigmoid",
-        normalize_top_k=bool(cfg.get("norm_topk_prob", False)),
-        routed_scaling=_number_or(cfg, "routed_scaling_factor", 1.0),
-    )
+    # Glm4MoeTopkRouter: sigmoid scores, and it always holds e_score_correction_bias
+    moe = _deepseek_moe(cfg, score_correction_bias=True, score="sigmoid")
     return _base(
         name,
         cfg,
