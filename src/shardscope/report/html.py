@@ -8,14 +8,13 @@ details, click a plan to highlight it); nothing is fetched.
 
 from __future__ import annotations
 
-import html
-import json
 from pathlib import Path
 
 from shardscope.costs.memory import GIB
 from shardscope.hardware.catalog import Cluster
 from shardscope.models.spec import ModelSpec
 from shardscope.planner.search import Candidate, SearchResult
+from shardscope.report.page import fill_page
 from shardscope.sim.step import SimResult
 from shardscope.step.core import rank_memory, step_costs
 
@@ -117,7 +116,4 @@ def write_report(path: Path, model: ModelSpec, cluster: Cluster, result: SearchR
 
     data = report_data(model, cluster, result, sim)
     template = (resources.files("shardscope.report") / _TEMPLATE).read_text()
-    page = template.replace("__TITLE__", html.escape(data["title"])).replace(
-        "__DATA__", json.dumps(data).replace("</", "<\\/")
-    )
-    Path(path).write_text(page)
+    Path(path).write_text(fill_page(template, data["title"], data))

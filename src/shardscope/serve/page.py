@@ -9,11 +9,10 @@ TPOT against the requests/s it completes. The point at 1x is the search's own ru
 
 from __future__ import annotations
 
-import html
-import json
 from importlib import resources
 from pathlib import Path
 
+from shardscope.report.page import fill_page
 from shardscope.serve.estimate import serve_estimate
 from shardscope.serve.plan import ServePlan, ServePlanResult
 
@@ -79,7 +78,4 @@ def page_data(result: ServePlanResult, curves: int = CURVES) -> dict:
 def write_serve_page(path: Path, result: ServePlanResult) -> None:
     data = page_data(result)
     template = (resources.files("shardscope.serve") / "page.html").read_text()
-    page = template.replace("__TITLE__", html.escape(data["title"])).replace(
-        "__DATA__", json.dumps(data).replace("</", "<\\/")
-    )
-    Path(path).write_text(page)
+    Path(path).write_text(fill_page(template, data["title"], data))
