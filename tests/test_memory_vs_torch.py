@@ -15,7 +15,12 @@ from torch.utils._pytree import tree_flatten  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts  # noqa: E402
 from torch_reference import GPTLayer, LlamaLayer, LossHead, bf16_module, saved_activation_bytes  # noqa: E402
 
-from shardscope.costs.memory import layer_params_local, layers_saved_bytes, model_state_bytes  # noqa: E402
+from shardscope.costs.memory import (  # noqa: E402
+    buffer_bytes,
+    layer_params_local,
+    layers_saved_bytes,
+    model_state_bytes,
+)
 from shardscope.graph.build import build_stage_graph  # noqa: E402
 from shardscope.hardware.catalog import make_cluster  # noqa: E402
 from shardscope.models.catalog import load_model  # noqa: E402
@@ -240,3 +245,46 @@ def test_torchtitan_op_sac_keeps_every_other_matmul_output():
     assert layers_saved_bytes(m, every, graph, (0,), 0) - predicted == 2 * seq * (
         m.kv_heads * m.head_dim + m.hidden + m.ffn_hidden
     )
+
+
+class _LiveBytes(TorchDispatchMode):
+    """The bytes of the storages ops create that are alive, and their peak (freed when PyTorch drops them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, int] = {}  # storage -> bytes
+        self.now = self.peak = 0
+
+    def _free(self, key: int) -> None:
+        self.now -= self.live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import weakref
+
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in self.live:
+                storage = t.untyped_storage()
+                self.live[storage._cdata] = storage.nbytes()
+                self.now += storage.nbytes()
+                self.peak = max(self.peak, self.now)
+                weakref.finalize(storage, self._free, storage._cdata)
+        return out
+
+
+def test_unfused_loss_backward_peak_matches_pytorch():
+    """The unfused loss at its backward: the kept fp32 log-softmax, nll_loss's fp32 gradient and
+    log_softmax's fp32 gradient are alive at once (torchtitan frees the bf16 logits before the backward).
+    Peak of live bytes over the loss's forward and backward on a full-size Llama-3.1-8B head under
+    FakeTensorMode, against the saved logits plus the loss's transient buffers of the plan."""
+    m, tokens = load_model("llama3.1-8b"), 8192
+    with FakeTensorMode():
+        logits = torch.randn(tokens, m.vocab, dtype=torch.bfloat16, requires_grad=True)
+        targets = torch.zeros(tokens, dtype=torch.long)
+        with _LiveBytes() as live:
+            torch.nn.functional.cross_entropy(logits.float(), targets).backward()
+    plan = make_plan(m, make_cluster("H100", 1), global_batch=1, micro_batch=1, seq_len=tokens)
+    graph = build_stage_graph(m, plan)
+    kept = next(s.bytes for s in graph.head.saved if s.name == "fp32 logits (softmax)")
+    predicted = kept + buffer_bytes(m, plan, graph, 0)
+    assert predicted == pytest.approx(live.peak, rel=1e-3), (live.peak / logits.numel(), predicted / logits.numel())

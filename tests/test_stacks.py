@@ -40,8 +40,23 @@ def test_releases_change_what_they_changed():
     assert load_stack("nemo@24.07").value("flops_attention") == "full"
     assert load_stack("nemo@25.11").value("fp8_recipe") == "tensorwise"
     assert load_stack("nemo@25.11").value("fused_cross_entropy") is True
-    assert load_stack("nemo@26.08").value("fused_cross_entropy") is False  # TE 2.18
+    assert load_stack("nemo@26.08").value("fused_ce_fp32_grad") is True  # TE 2.18
+    assert not load_stack("nemo@25.11").value("fused_ce_fp32_grad", False)
     assert load_stack("nemo@26.08").value("cuda_graphs") == "full_iteration"
+
+
+def test_torchtitan_compiles_its_loss_from_release_0_1():
+    """torchtitan's 2024 main branch ran the loss eager under --compile (fp32 log-softmax kept, two fp32
+    gradients at its backward); from v0.1.0 the loss is compiled with the model."""
+    kw = dict(global_batch=8, seq_len=8192, compile=True)
+    eager = shardscope.estimate("llama3.1-8b", "H100", 8, stack="torchtitan@0.0", **kw)
+    compiled = shardscope.estimate("llama3.1-8b", "H100", 8, stack="torchtitan@0.1", **kw)
+    assert eager.plan["compile"] and not eager.plan["compile_loss"] and compiled.plan["compile_loss"]
+    logits_gib = 8192 * 128256 / 2**30
+    # 8 bytes a logit more (2 kept, 6 in the backward), less where the compiled loss's peak is the output
+    # layer's gathered weight and gradient instead
+    assert 6 * logits_gib < eager.memory.peak_gib - compiled.memory.peak_gib <= 8 * logits_gib
+    assert eager.step_time_s > compiled.step_time_s
 
 
 def test_an_unknown_release_uses_the_nearest_known_one_and_says_so():

@@ -95,12 +95,35 @@ def embedding_group(model: ModelSpec, plan: Plan) -> OpGroup:
 # cast back (6). torch.compile's loss kernels (Inductor splits the reduction): measured 4 and 10 bytes'
 # worth. A fused cross-entropy kernel: read the bf16 logits once forward; backward reads them and writes
 # the bf16 gradient. Measured on one H100 at 8192 x 128256 (validation/loss_regions_h100.json): eager
-# 8.9 ms forward, 11.2 backward (these counts give 8.1 and 9.6); compiled 1.5 and 3.7.
-LOSS_BYTES = {"unfused": (BF16 + 5 * FP32, 6 * FP32 + BF16), "compiled": (4.0, 10.0), "fused": (BF16, 2 * BF16)}
+# 8.9 ms forward, 11.2 backward (these counts give 8.1 and 9.6); compiled 1.5 and 3.7. Transformer Engine
+# >= 2.18 (`Plan.fused_ce_fp32_grad`): forward reads the bf16 logits twice (an online-softmax pass, then the
+# gradient pass) and writes the fp32 gradient; backward scales it by the per-token loss weights in place
+# and autograd casts it to bf16.
+LOSS_BYTES = {
+    "unfused": (BF16 + 5 * FP32, 6 * FP32 + BF16),
+    "compiled": (4.0, 10.0),
+    "fused": (BF16, 2 * BF16),
+    "fused, fp32 gradient": (2 * BF16 + FP32, 3 * FP32 + BF16),
+}
+
+
+def loss_kind(plan: Plan) -> str:
+    if plan.fused_cross_entropy:
+        return "fused, fp32 gradient" if plan.fused_ce_fp32_grad else "fused"
+    return "compiled" if plan.compiled_loss else "unfused"
+
+
+def loss_saved(kind: str, logits: float, tokens: int) -> list[Saved]:
+    """What a loss of `kind` (`loss_kind`) keeps for its backward."""
+    if kind == "unfused":
+        return [Saved("fp32 logits (softmax)", FP32 * logits, ALL)]
+    if kind == "fused, fp32 gradient":
+        return [Saved("fp32 logit gradient", FP32 * logits, ALL)]
+    return [Saved("bf16 logits", BF16 * logits, ALL), Saved("log-sum-exp", FP32 * tokens, ALL)]
 
 
 def loss_op(plan: Plan, logits: float) -> Op:
-    kind = "fused" if plan.fused_cross_entropy else "compiled" if plan.compile else "unfused"
+    kind = loss_kind(plan)
     fwd, bwd = LOSS_BYTES[kind]
     return Op("cross-entropy", "memory", bytes=fwd * logits, bwd_bytes=bwd * logits)
 
@@ -108,7 +131,7 @@ def loss_op(plan: Plan, logits: float) -> Op:
 def head_group(model: ModelSpec, plan: Plan) -> OpGroup:
     """Final norm, output projection and cross-entropy (vocab-parallel over TP): unfused, the logits are
     upcast to fp32 and the fp32 copy kept for the softmax gradient; a fused kernel keeps the bf16 logits
-    and the fp32 log-sum-exp (`Plan.fused_cross_entropy`)."""
+    and the fp32 log-sum-exp (`Plan.fused_cross_entropy`), or the fp32 gradient it wrote (`loss_saved`)."""
     sh = Shapes.of(plan)
     t, t_sp = sh.t, sh.t_sp
     v = model.vocab / plan.tp
@@ -123,11 +146,7 @@ def head_group(model: ModelSpec, plan: Plan) -> OpGroup:
         Saved("final norm input", BF16 * t_sp * model.hidden, ALL),
         Saved(stats.name, stats.bytes, ALL),
         Saved("output proj input", BF16 * t_sp * model.hidden, ALL),
-        *(
-            [Saved("bf16 logits", BF16 * logits, ALL), Saved("log-sum-exp", FP32 * t, ALL)]
-            if plan.fused_loss
-            else [Saved("fp32 logits (softmax)", FP32 * logits, ALL)]
-        ),
+        *loss_saved(loss_kind(plan), logits, t),
     ]
     comms = []
     act = BF16 * t * model.hidden

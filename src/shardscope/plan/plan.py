@@ -186,6 +186,11 @@ class Plan:
     # Megatron's `--cross-entropy-loss-fusion`) takes the softmax of the bf16 logits in registers: it keeps
     # the bf16 logits and the fp32 log-sum-exp, no fp32 copy, and writes a bf16 gradient
     fused_cross_entropy: bool = opt(False, "kernels", "fused cross-entropy: no fp32 copy of the logits", graph=True)
+    # Transformer Engine >= 2.18's fused cross-entropy writes the logits' gradient into an fp32 tensor in its
+    # forward and keeps that (not the bf16 logits); autograd casts it to bf16 for the output GEMM
+    fused_ce_fp32_grad: bool = opt(
+        False, "kernels", "the fused cross-entropy keeps an fp32 logit gradient (TE >= 2.18)", graph=True, cli=False
+    )
     # PyTorch's clip_grad_norm_ multiplies every gradient by min(1, max_norm / norm) each step; Megatron-Core
     # and DeepSpeed scale only when the norm exceeds the limit
     clip_scales_always: bool = opt(False, "kernels", "gradient clipping scales every gradient each step")
@@ -197,6 +202,9 @@ class Plan:
     compile: bool = opt(
         False, "kernels", "torch.compile per block: norms, RoPE, SwiGLU fused (PyTorch stacks)", graph=True
     )
+    # Whether `compile` covers the loss too (torchtitan compiles its loss function with the model from
+    # April 2025, v0.1.0 on; its 2024 main branch ran the loss eager)
+    compile_loss: bool = opt(True, "kernels", "torch.compile covers the loss as well", graph=True, cli=False)
     # RoPE by complex multiplication (torchtitan): Inductor cannot generate code for complex ops, so it
     # runs as an eager ATen chain even under torch.compile
     complex_rope: bool = opt(False, "kernels", "RoPE by complex multiplication (eager even when compiled)", graph=True)
@@ -226,7 +234,12 @@ class Plan:
     def fused_loss(self) -> bool:
         """The loss keeps no fp32 copy of the logits: a fused cross-entropy kernel, or the loss compiled
         with the model (torchtitan compiles both)."""
-        return self.fused_cross_entropy or self.compile
+        return self.fused_cross_entropy or self.compiled_loss
+
+    @property
+    def compiled_loss(self) -> bool:
+        """The cross-entropy runs as torch.compile's kernels."""
+        return self.compile and self.compile_loss
 
     @property
     def mtp_chunk_index(self) -> int:
