@@ -107,6 +107,18 @@ def test_more_rollout_gpus_never_slow_rollouts(tp: int) -> None:
         prev_full, prev_bulk = r.full_s, r.bulk_s
 
 
+def test_a_groups_samples_share_their_prompt_in_the_rollout() -> None:
+    """GRPO's samples of one prompt go to the engine together (vLLM's `n`): with prefix caching the prompt
+    is prefilled and held once per group, so 64 prompts x 8 samples roll out faster than 512 prompts."""
+    lengths = sample_lengths(512, 1024, 0.3, 0.7, seed=3)
+    layout = parse_rollout("vllm tp1", 8)
+    grouped = price_rollout(MODEL, "H100", layout, 4096, lengths, samples=8)
+    distinct = price_rollout(MODEL, "H100", layout, 4096, lengths, samples=1)
+    assert grouped.bulk_s < 0.8 * distinct.bulk_s
+    with pytest.raises(ShardscopeError, match="groups of 3"):
+        price_rollout(MODEL, "H100", layout, 4096, lengths, samples=3)
+
+
 def test_tail_grows_the_sync_rollout_and_async_hides_it() -> None:
     narrow = rl_step(MODEL, placement="disaggregated", length_sigma=0.0, **BASE)
     assert narrow.rollout.tail_s == 0  # every sample the same length: nothing to wait for

@@ -526,6 +526,65 @@ def test_a_shared_prefix_is_computed_once_where_the_engine_caches_prefixes() -> 
         serve_estimate("llama3.1-8b", prefix_len=4096, **offline)
 
 
+def test_the_samples_of_a_prompt_share_its_kv_where_the_engine_caches_prefixes() -> None:
+    """Eight samples of one 1,000-token prompt, offline. vLLM caches the full blocks a step will compute when
+    it schedules them, so the first sample prefills the prompt and the seven scheduled after it in the same
+    step only what lies past the cached full blocks; all eight get their first token from that one
+    iteration. SGLang inserts a prefix after the forward that computed it: the same batch prefills the
+    prompt eight times. The shared copy goes back to the pool when the group's last sample finishes."""
+    cluster = make_cluster("H100", 1)
+    d = Deployment(load_model("llama3.1-8b"), cluster, 1, "bf16")
+    prompt, n = 1000, 8
+    reqs = [Request(0.0, prompt, 5 + k, group=0) for k in range(n)]
+    for name in ("vllm", "sglang"):
+        eng = load_engine(name, cluster.gpu)
+        run = simulate_replica(reqs, IterationCost(d, eng), eng, memory_plan(d, eng).kv_blocks, trace=True)
+        first_prefill = run.timeline[0][2]
+        tail = prompt - (prompt - 1) // eng.block_size * eng.block_size
+        assert first_prefill == (prompt + (n - 1) * tail if name == "vllm" else n * prompt), name
+        assert len(set(run.first_token_s)) == 1
+        assert run.kv_usage[-1][1] == 0.0  # nothing held once every sample finished
+    # KV: the shared prompt is held once, so a pool that holds one copy and the samples' own blocks runs
+    # them all at once, where eight private copies must wait for each other
+    eng = load_engine("vllm", cluster.gpu)
+    bs = eng.block_size
+    blocks = prompt // bs + n * (2 + 64 // bs)
+    many = [Request(0.0, prompt, 64, group=0) for _ in range(n)]
+    shared = simulate_replica(many, IterationCost(d, eng), eng, blocks)
+    private = simulate_replica([Request(0.0, prompt, 64) for _ in range(n)], IterationCost(d, eng), eng, blocks)
+    assert len(set(shared.first_token_s)) == 1 and shared.preemptions == 0
+    assert len(set(private.first_token_s)) > 1 and private.end_s > shared.end_s
+
+
+def test_serve_samples_groups_arrive_together_at_one_replica() -> None:
+    reqs = make_requests(3, "poisson", rate=2.0, input_len=512, output_len=64, dataset="sharegpt-like", samples=4)
+    assert len(reqs) == 12 and [r.group for r in reqs] == [g for g in range(3) for _ in range(4)]
+    for g in range(3):
+        group = reqs[4 * g : 4 * g + 4]
+        assert len({(r.arrival_s, r.input_len) for r in group}) == 1  # one prompt, sent once
+    assert len({r.output_len for r in reqs}) > 3  # each sample its own length
+    from shardscope.serve.estimate import route
+
+    assert route(reqs, 2) == [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7]]
+    kw = dict(gpu="H100", gpus=2, rate=math.inf, input_len=2048, output_len=256)
+    grouped = serve_estimate("llama3.1-8b", num_prompts=32, samples=8, **kw)
+    distinct = serve_estimate("llama3.1-8b", num_prompts=256, **kw)
+    assert grouped.num_prompts == distinct.num_prompts == 256 and grouped.samples == 8
+    assert grouped.duration_s < 0.8 * distinct.duration_s
+    with pytest.raises(ShardscopeError, match="--samples"):
+        serve_estimate("llama3.1-8b", num_prompts=4, samples=4, concurrency=8, gpus=1)
+
+
+def test_cli_serve_states_its_sample_groups() -> None:
+    args = ["serve", "llama3.1-8b", "--gpus", "1", "--num-prompts", "16", "--samples", "4", "--input-len", "1024",
+            "--output-len", "32"]  # fmt: skip
+    table = CliRunner().invoke(app, args, env={"COLUMNS": "140"})
+    assert table.exit_code == 0 and "64 requests (16 prompts x 4 samples)" in table.stdout
+    assert json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)["samples"] == 4
+    bad = CliRunner().invoke(app, [a if a != "4" else "0" for a in args])
+    assert bad.exit_code == 2 and "--samples" in bad.output and len(bad.output.strip().splitlines()) == 1
+
+
 def test_cli_serve_states_the_shared_prefix() -> None:
     args = ["serve", "llama3.1-8b", "--gpus", "1", "--rate", "2", "--num-prompts", "40", "--input-len", "1024",
             "--output-len", "32", "--prefix-len", "800"]  # fmt: skip

@@ -512,6 +512,9 @@ def serve(
     prefix_len: Annotated[
         int, typer.Option(help="prompt tokens every request shares (a system prompt; cached where the engine caches)")
     ] = 0,
+    samples: Annotated[
+        int, typer.Option(help="sequences per prompt (vLLM's n, a GRPO group): they share the prompt's KV")
+    ] = 1,
     dataset: Annotated[str, typer.Option(help="fixed | sharegpt-like (seeded log-normal lengths)")] = "fixed",
     seed: Annotated[int, typer.Option(help="random seed of arrivals and lengths")] = 0,
     max_num_seqs: Annotated[int | None, typer.Option(help="engine limit on running requests")] = None,
@@ -538,7 +541,7 @@ def serve(
             concurrency=concurrency, num_prompts=num_prompts, input_len=input_len, output_len=output_len,
             dataset=dataset, seed=seed, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, trace_file=trace, spec_decode=spec_decode,
-            disaggregate=disaggregate, ep=ep, profile=profile, prefix_len=prefix_len,
+            disaggregate=disaggregate, ep=ep, profile=profile, prefix_len=prefix_len, samples=samples,
         ),
         as_json,
         print_serve,

@@ -5,7 +5,9 @@ passes that score them (the frozen reference policy for the KL term; PPO's criti
 update (PPO: the critic's update too), and the weight update from the trainer to the engines.
 
 Where each number comes from:
-- Rollout: `serve_estimate` (serve's public API), offline, on the rollout layout. Response lengths are drawn
+- Rollout: `serve_estimate` (serve's public API), offline, on the rollout layout, each prompt sampled
+  `samples` times (vLLM's `n`: a prompt's samples share its KV blocks where the engine caches prefixes,
+  and are scheduled together on one engine instance). Response lengths are drawn
   from a seeded log-normal clipped at `--output-len` (the generation cap, so a share of samples hit it):
   median `length_median` x cap, log-spread `length_sigma` (defaults below: a long-tail shape, not fitted to
   a dataset). The serve simulator takes fixed lengths, so a rollout is priced in two parts: the *bulk*, every
@@ -181,15 +183,22 @@ def compose_step(
 
 
 @cache
-def _serve(model: str, gpu: str, gpus: int, tp: int, engine: str, n: int, input_len: int, output_len: int):  # noqa: ANN202
+def _serve(  # noqa: ANN202
+    model: str, gpu: str, gpus: int, tp: int, engine: str, prompts: int, input_len: int, output_len: int,
+    samples: int = 1,
+):  # fmt: skip
     from shardscope.serve.estimate import serve_estimate
 
     return serve_estimate(
-        model, gpu=gpu, gpus=gpus, tp=tp, engine=engine, num_prompts=n, input_len=input_len, output_len=output_len
-    )
+        model, gpu=gpu, gpus=gpus, tp=tp, engine=engine, num_prompts=prompts, input_len=input_len,
+        output_len=output_len, samples=samples,
+    )  # fmt: skip
 
 
-def price_rollout(model: str, gpu: str, layout: RolloutLayout, input_len: int, lengths: list[int]) -> RolloutCost:
+def price_rollout(
+    model: str, gpu: str, layout: RolloutLayout, input_len: int, lengths: list[int], samples: int = 1
+) -> RolloutCost:
+    """The rollout of `len(lengths)` samples, `samples` of each prompt (see the module doc)."""
     if layout.ep > 1:
         raise ShardscopeError(
             "the serving simulator prices MoE experts TP-sharded only; give a TP-only --rollout (no ep)"
@@ -198,7 +207,9 @@ def price_rollout(model: str, gpu: str, layout: RolloutLayout, input_len: int, l
     mean = sum(lengths) / n
     bulk_len = max(1, round(mean))
     longest = max(lengths)
-    bulk = _serve(model, gpu, layout.gpus, layout.tp, layout.engine, n, input_len, bulk_len)
+    if n % samples:
+        raise ShardscopeError(f"{n} samples do not split into groups of {samples}")
+    bulk = _serve(model, gpu, layout.gpus, layout.tp, layout.engine, n // samples, input_len, bulk_len, samples)
     tail_tokens = longest - bulk_len
     tail_batch = max(1, math.ceil(sum(1 for x in lengths if x > bulk_len) / layout.instances))
     tail_s = 0.0
@@ -359,7 +370,7 @@ def rl_step(
     roll_layout = parse_rollout(rollout, roll_gpus)
     n = prompts * samples
     lengths = sample_lengths(n, output_len, length_median, length_sigma, seed)
-    r = price_rollout(spec.name, gpu, roll_layout, input_len, lengths)
+    r = price_rollout(spec.name, gpu, roll_layout, input_len, lengths, samples)
     t = price_train(spec.name, gpu, train_layout, algo, n, input_len + max(1, round(r.mean_len)))
     s = setup(spec, gpu, train_layout, roll_layout, placement)
     fastest = min(predict_sync(s), key=lambda e: e.total_s)

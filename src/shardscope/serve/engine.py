@@ -50,6 +50,7 @@ class Engine:
     # full KV blocks of a prompt prefix another request computed are reused (vLLM's prefix caching, SGLang's
     # radix cache): a request starts from them and holds them shared
     prefix_caching: bool = False
+    prefix_cached_at_schedule: bool = False  # a prefix is shared once scheduled (vLLM), not once computed
 
     def serving_model(self, spec: ModelSpec) -> ModelSpec:
         """`spec` as this engine runs it: without its uniform sliding window where the engine leaves it off."""
@@ -129,4 +130,5 @@ def load_engine(spec: str, gpu: GPU) -> Engine:
         uniform_sliding_window=bool(values.get("uniform_sliding_window", True)),
         kv_window_freed=bool(values.get("kv_window_freed", False)),
         prefix_caching=bool(values.get("prefix_caching", False)),
+        prefix_cached_at_schedule=bool(values.get("prefix_cached_at_schedule", False)),
     )

@@ -47,7 +47,7 @@ class ServeResult:
     arrivals: str
     rate: float
     concurrency: int
-    num_prompts: int
+    num_prompts: int  # requests: prompts x samples
     memory: Memory
     max_concurrency_at_full_length: float  # KV capacity / mean tokens a request holds at its end
     prefill_s: float  # one request's prefill alone
@@ -74,6 +74,7 @@ class ServeResult:
     kv_transfer_s: float = 0.0  # one request's KV from a prefill to a decode replica (mean)
     ep: int = 1  # expert-parallel size of the MoE layers within a replica (1 or tp)
     prefix_len: int = 0  # prompt tokens every request shares (cached where the engine caches prefixes)
+    samples: int = 1  # sequences per prompt (each a request in the counts and latencies above)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -116,13 +117,16 @@ def serve_estimate(
     ep: int = 1,
     profile: str | Path | None = None,
     prefix_len: int = 0,
+    samples: int = 1,
 ) -> ServeResult:
     """Simulate the benchmark. `rate` inf with `concurrency` 0 is offline (all requests at once);
     `concurrency` > 0 keeps that many outstanding over the whole deployment. `slo_*_ms`: goodput counts the
     requests meeting them. `trace_file`: write the timeline as Chrome-trace JSON. `spec_decode`: see
     `parse_spec_decode`. `disaggregate` "P:D": the replicas split into prefill and decode pools. `ep` = `tp`:
     the MoE layers run expert-parallel over the replica's GPUs (see `Deployment`). `prefix_len`: prompt
-    tokens every request shares (a system prompt), cached where the engine caches prefixes."""
+    tokens every request shares (a system prompt), cached where the engine caches prefixes. `samples`:
+    sequences per prompt (vLLM's `n`, a GRPO group): `num_prompts` x `samples` requests, a prompt's samples
+    arriving together at one replica and sharing its prompt's KV where the engine caches prefixes."""
     check_dtypes(precision, kv_dtype)
     if prefix_len < 0 or (dataset == "fixed" and prefix_len >= input_len):
         raise ShardscopeError(f"--prefix-len must be at least 0 and below --input-len {input_len}, got {prefix_len}")
@@ -181,7 +185,7 @@ def serve_estimate(
         )
     dp = gpus // (tp * pp)
     mode = "concurrency" if concurrency > 0 else ("offline" if math.isinf(rate) else "poisson")
-    reqs = make_requests(num_prompts, mode, rate, input_len, output_len, dataset, seed)
+    reqs = make_requests(num_prompts, mode, rate, input_len, output_len, dataset, seed, samples)
     longest = max(r.input_len + r.output_len for r in reqs)
     if longest > mem.kv_tokens:
         raise ShardscopeError(
@@ -194,7 +198,7 @@ def serve_estimate(
     sim_reqs = reqs
     if spec_dec is not None:
         e = spec_dec.tokens_per_step
-        sim_reqs = [Request(r.arrival_s, r.input_len, 1 + math.ceil((r.output_len - 1) / e - 1e-9)) for r in reqs]
+        sim_reqs = [replace(r, output_len=1 + math.ceil((r.output_len - 1) / e - 1e-9)) for r in reqs]
     trace = trace_file is not None
     runs: list[tuple[ReplicaRun, list[Request]]] = []
     transfer = 0.0
@@ -203,9 +207,10 @@ def serve_estimate(
             raise ShardscopeError("--disaggregate runs Poisson or offline arrivals (not --concurrency)")
         runs, transfer = _disaggregated(sim_reqs, reqs, pools, cost, eng, mem, d, trace, prefix_len)
     else:
-        # Round-robin routing: request i goes to replica i mod dp; a closed loop splits its clients evenly.
-        shares = [sim_reqs[r::dp] for r in range(dp)]
-        originals = [reqs[r::dp] for r in range(dp)]
+        # Round-robin routing (`route`); a closed loop splits its clients evenly.
+        routed = route(reqs, dp)
+        shares = [[sim_reqs[i] for i in idx] for idx in routed]
+        originals = [[reqs[i] for i in idx] for idx in routed]
         for r in range(dp):
             clients = concurrency // dp + (1 if r < concurrency % dp else 0) if concurrency else 0
             if concurrency and clients == 0:
@@ -218,6 +223,8 @@ def serve_estimate(
         result = replace(result, spec_decode=spec_dec.label, tokens_per_decode_step=spec_dec.tokens_per_step)
     if prefix_len:
         result = replace(result, prefix_len=prefix_len)
+    if samples > 1:
+        result = replace(result, samples=samples)
     if pools is not None:
         result = replace(result, disaggregate=f"{pools[0]}:{pools[1]}", kv_transfer_s=transfer)
     if ep != 1:
@@ -225,6 +232,15 @@ def serve_estimate(
     if trace_file is not None:
         write_trace(Path(trace_file), [run for run, _ in runs], pools)
     return result
+
+
+def route(reqs: list[Request], replicas: int) -> list[list[int]]:
+    """Round-robin routing: request i (a prompt's samples: prompt g, together) goes to replica i (g) mod
+    `replicas`. The indices of each replica's requests, in arrival order."""
+    shares: list[list[int]] = [[] for _ in range(replicas)]
+    for i, r in enumerate(reqs):
+        shares[(r.group if r.group >= 0 else i) % replicas].append(i)
+    return shares
 
 
 def check_ep(spec: ModelSpec, tp: int, ep: int) -> None:
@@ -285,9 +301,8 @@ def _disaggregated(
     n_p, n_d = pools
     first = [math.nan] * len(reqs)
     runs: Runs = []
-    for r in range(n_p):
-        idx = list(range(r, len(reqs), n_p))
-        share = [Request(sim_reqs[i].arrival_s, sim_reqs[i].input_len, 1) for i in idx]
+    for idx in route(reqs, n_p):
+        share = [replace(sim_reqs[i], output_len=1) for i in idx]
         run = simulate_replica(share, cost, eng, mem.kv_blocks, trace=trace, prefix=prefix)
         for j, i in enumerate(idx):
             first[i] = run.first_token_s[j] + kv_transfer_s(d, reqs[i].input_len)

@@ -21,7 +21,7 @@ def print_serve(r: ServeResult, console: Console | None = None) -> None:
     head.add_column("what")
     head.add_column("value", justify="right")
     rows = [
-        ("workload", f"{r.num_prompts} requests, {load}"),
+        ("workload", f"{r.num_prompts} requests{_groups(r)}, {load}"),
         ("HBM per GPU", f"{m.hbm_gib:.1f} GiB"),
         ("weights per GPU", f"{m.weights_gib:.2f} GiB"),
         ("activation peak (profile run)", f"{m.activation_peak_gib:.2f} GiB"),
@@ -95,3 +95,8 @@ def print_serve_plan(r: ServePlanResult, console: Console | None = None) -> None
         )  # fmt: skip
     print_whole(out, table)
     out.print(f"req/s: goodput (requests meeting the SLOs). Plan #1 as a simulation: {r.plans[0].serve_command}")
+
+
+def _groups(r: ServeResult) -> str:
+    """How the requests group into prompts, when a prompt is sampled more than once."""
+    return f" ({r.num_prompts // r.samples} prompts x {r.samples} samples)" if r.samples > 1 else ""

@@ -14,9 +14,12 @@ KV cache manager: `SlidingWindowManager` drops the blocks before the window, `Ch
 those before the current chunk): a request holding c tokens then takes a block of every full layer per
 `block_size` tokens and of each windowed layer only for the blocks its window or chunk still covers.
 
-A prompt prefix every request shares (`prefix`, a system prompt) is cached where the engine caches prefixes
-(`Engine.prefix_caching`, vLLM's and SGLang's default): once a request has computed its full blocks, later
-requests start from them (at least one prompt token is always computed) and hold them once, shared.
+Shared prompts are cached where the engine caches prefixes (`Engine.prefix_caching`, vLLM's and SGLang's
+default): a prefix every request shares (`prefix`, a system prompt) and the whole prompt the samples of one
+prompt share (`Request.group`, vLLM's `n`). Once a request has computed a shared prefix's full blocks, they
+become one shared copy; requests that start later begin from the longest cached one (at least one prompt
+token is always computed) and hold only their own blocks. Requests already running keep their own copies,
+as the engines do. A shared copy is freed when the last request that shares it finishes.
 """
 
 from __future__ import annotations
@@ -137,6 +140,53 @@ def _head_fits(s: _Seq, budget: int, free: int, units: Callable[[int], int], eng
     return units(held) - units(s.base) - s.blocks <= free
 
 
+class _SharedPrefixes:
+    """The prompt prefixes requests share, each keyed: ("all",) every request's `prefix`, ("group", g) the
+    whole prompt of group g's samples; in full blocks, at most a request's prompt less one token."""
+
+    def __init__(self, requests: list[Request], prefix: int, block_size: int) -> None:
+        self.block_size = bs = block_size
+        self.levels: list[list[tuple[tuple, int]]] = []  # per request: (key, tokens), shortest first
+        self.refs: dict[tuple, int] = {}  # requests not finished that share the key
+        for r in requests:
+            own = []
+            if prefix >= bs:
+                own.append((("all",), prefix // bs * bs))
+            if r.group >= 0 and (r.input_len - 1) // bs * bs > (own[-1][1] if own else 0):
+                own.append((("group", r.group), (r.input_len - 1) // bs * bs))
+            self.levels.append(own)
+            for key, _ in own:
+                self.refs[key] = self.refs.get(key, 0) + 1
+        self.tokens: dict[tuple, int] = {}  # cached keys: their tokens
+        self.held: dict[tuple, int] = {}  # cached keys: the blocks of their shared copy
+        self.pending = len(self.refs)  # keys not cached yet
+
+    def cached_tokens(self, idx: int, prompt: int) -> int:
+        """Tokens a request not yet started skips: its longest cached prefix (at least one token computed)."""
+        best = max((self.tokens[key] for key, _ in self.levels[idx] if key in self.tokens), default=0)
+        return min(best, (prompt - 1) // self.block_size * self.block_size) if best else 0
+
+    def uncached(self, idx: int) -> list[tuple[tuple, int]]:
+        return [(key, tokens) for key, tokens in self.levels[idx] if key not in self.tokens and self.refs[key]]
+
+    def cache(self, key: tuple, tokens: int, blocks: int) -> None:
+        self.tokens[key], self.held[key] = tokens, blocks
+        self.pending -= 1
+
+    def release(self, idx: int) -> int:
+        """A request finished: the blocks of the shared copies no request needs any more."""
+        freed = 0
+        for key, _ in self.levels[idx]:
+            self.refs[key] -= 1
+            if self.refs[key]:
+                continue
+            if key in self.held:
+                freed += self.held.pop(key)
+            elif key not in self.tokens:
+                self.pending -= 1  # no request left to cache it
+        return freed
+
+
 def simulate_replica(
     requests: list[Request],
     cost: IterationCost,
@@ -173,26 +223,34 @@ def simulate_replica(
     # TRT-LLM's GUARANTEED_NO_EVICT: a request joins only with blocks for its prompt and whole output, so
     # nothing is ever preempted; vLLM and SGLang allocate as tokens come and preempt when the pool is full.
     reserve = engine.kv_admission == "reserve_full"
-    # the shared prefix's full blocks, cached once a request has computed them (0: nothing to share)
-    cacheable = (prefix // bs) * bs if engine.prefix_caching and not prefilled else 0
-    cached = False
+    shares = _SharedPrefixes(requests, prefix, bs) if engine.prefix_caching and not prefilled else None
+    if shares is not None and not shares.pending:
+        shares = None  # nothing shared
 
     def hit(s: _Seq) -> None:
-        """A request not yet started begins from the cached prefix (at least its last prompt token computed)."""
-        if cached and s.computed == 0:
-            s.computed = s.base = min(cacheable, (s.prompt - 1) // bs * bs)
+        """A request not yet started begins from the longest cached prefix it shares."""
+        if shares is not None and s.computed == 0:
+            s.computed = s.base = shares.cached_tokens(s.idx, s.prompt)
 
-    def cache_prefix() -> None:
-        """The first request to compute the prefix's full blocks turns them into the shared cached copy."""
-        nonlocal cached
-        owner = next((s for s in running if s.computed >= cacheable and math.isnan(finish[s.idx])), None)
-        if owner is None:
-            return
-        cached = True
-        owner.blocks -= units(cacheable)  # its prefix blocks become the shared copy (still held: not freed)
-        owner.base = cacheable
-        for s in waiting:
-            hit(s)
+    def cache_prefixes(s: _Seq, reached: int) -> None:
+        """A request whose KV reaches a shared prefix's full blocks turns them into the shared copy (still
+        held, now by the prefix); requests waiting to start begin from it."""
+        new = False
+        for key, tokens in shares.uncached(s.idx):
+            if reached >= tokens > s.base:
+                give = units(tokens) - units(s.base)
+                s.blocks -= give
+                s.base = tokens
+                shares.cache(key, tokens, give)
+                new = True
+        if new:
+            for w in waiting:
+                hit(w)
+
+    # vLLM caches the full blocks a step is about to compute when it schedules them, so a request scheduled
+    # later in the same step already starts from them; SGLang inserts a prefix into its radix tree after
+    # the forward that computed it
+    at_schedule = shares is not None and engine.prefix_cached_at_schedule
 
     def finish_seq(s: _Seq) -> None:
         nonlocal free, done, released
@@ -200,6 +258,8 @@ def simulate_replica(
         free += s.blocks
         s.blocks = 0
         done += 1
+        if shares is not None:
+            free += shares.release(s.idx)
         if released < n and concurrency > 0:  # the client sends its next request
             arrival[released] = t
             released += 1
@@ -269,7 +329,6 @@ def simulate_replica(
                         s.blocks = units(s.computed) - units(s.base)
                     s.last_token_s = t
                 run.max_kv_blocks = max(run.max_kv_blocks, pool - free)
-                run.kv_usage.append((t, (pool - free) / pool))
                 if steps == k:
                     still = []
                     for s in running:
@@ -278,6 +337,7 @@ def simulate_replica(
                         else:
                             still.append(s)
                     running = still
+                run.kv_usage.append((t, (pool - free) / pool))
                 continue
 
         # ---- one general iteration -----------------------------------------------------------------------
@@ -308,6 +368,8 @@ def simulate_replica(
             scheduled.append((s, take))
             budget -= take
             i += 1
+            if at_schedule and shares.pending:
+                cache_prefixes(s, s.computed + take)
         if not preempted:
             while waiting and budget > 0 and len(running) < seqs_max:
                 s = waiting[0]
@@ -325,6 +387,8 @@ def simulate_replica(
                 s.blocks += want
                 scheduled.append((s, take))
                 budget -= take
+                if at_schedule and shares.pending:
+                    cache_prefixes(s, s.computed + take)
         run.max_kv_blocks = max(run.max_kv_blocks, pool - free)
 
         pt, pairs, pairs_w, dseq, dkv, dkvw, sampled = 0, 0.0, 0.0, 0, 0, 0, 0
@@ -363,8 +427,10 @@ def simulate_replica(
             if s.generated == s.out_total:
                 finish_seq(s)
                 finished = True
-        if cacheable and not cached:
-            cache_prefix()
+        if shares is not None and shares.pending and not at_schedule:
+            for s in running:
+                if math.isnan(finish[s.idx]):
+                    cache_prefixes(s, s.computed)
         if regular:
             run.itl.append((dt, regular))
         if finished:

@@ -28,6 +28,7 @@ class Request:
     arrival_s: float  # nan in concurrency mode until the client sends it
     input_len: int
     output_len: int
+    group: int = -1  # the prompt it samples (>= 0: requests of one group share their whole prompt)
 
 
 def make_requests(
@@ -38,23 +39,30 @@ def make_requests(
     output_len: int = 256,
     dataset: str = "fixed",
     seed: int = 0,
+    samples: int = 1,
 ) -> list[Request]:
-    """`num` requests in arrival order."""
+    """`num` prompts in arrival order, each sampled `samples` times (vLLM's `n`, the group of GRPO): a
+    prompt's samples arrive together, share its prompt (`Request.group`) and each draws its own output
+    length."""
     if num < 1:
         raise ShardscopeError(f"--num-prompts must be at least 1, got {num}")
+    if samples < 1:
+        raise ShardscopeError(f"--samples must be at least 1, got {samples}")
+    if samples > 1 and mode == "concurrency":
+        raise ShardscopeError("--samples runs Poisson or offline arrivals (not --concurrency)")
     if dataset not in DATASETS:
         raise ShardscopeError(f"unknown dataset {dataset!r} (valid: {', '.join(DATASETS)})")
     if dataset == "fixed" and (input_len < 1 or output_len < 1):
         raise ShardscopeError("--input-len and --output-len must be at least 1")
     rng = random.Random(seed)
-    lengths = []
+    lengths: list[tuple[int, list[int]]] = []  # per prompt: its length and its samples' output lengths
     for _ in range(num):
         if dataset == "fixed":
-            lengths.append((input_len, output_len))
+            lengths.append((input_len, [output_len] * samples))
             continue
         i = min(SHAREGPT_MAX_INPUT, max(SHAREGPT_MIN, round(rng.lognormvariate(*SHAREGPT_INPUT))))
-        o = max(SHAREGPT_MIN, round(rng.lognormvariate(*SHAREGPT_OUTPUT)))
-        lengths.append((i, min(o, SHAREGPT_MAX_TOTAL - i)))
+        outs = [max(SHAREGPT_MIN, round(rng.lognormvariate(*SHAREGPT_OUTPUT))) for _ in range(samples)]
+        lengths.append((i, [min(o, SHAREGPT_MAX_TOTAL - i) for o in outs]))
     if mode == "poisson":
         if not rate > 0 or math.isinf(rate):
             raise ShardscopeError(f"--rate must be a positive finite number for Poisson arrivals, got {rate}")
@@ -68,4 +76,9 @@ def make_requests(
         times = [math.nan] * num
     else:
         raise ShardscopeError(f"unknown arrival mode {mode!r} (valid: poisson, offline, concurrency)")
-    return [Request(a, i, o) for a, (i, o) in zip(times, lengths, strict=True)]
+    grouped = samples > 1
+    return [
+        Request(a, i, o, g if grouped else -1)
+        for g, (a, (i, outs)) in enumerate(zip(times, lengths, strict=True))
+        for o in outs
+    ]
