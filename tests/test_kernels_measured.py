@@ -201,7 +201,14 @@ GEMM_TABLE = Path(__file__).parent.parent / "validation" / "gemm_measured_aiconf
 # The measured FP8 Linear layers quantize their input first (TRT-LLM): per-tensor dynamic scaling reads it
 # twice and writes it once in two kernels (amax, then scale and cast; bytes as the `tensorwise` recipe),
 # the 1x128 block quantization reads it once and writes it once (3 bytes) in one kernel before DeepGEMM.
-GEMM_QUANT = {"bfloat16": (0.0, 0), "fp8": (CAST_BYTES["tensorwise"], 2), "fp8_block": (3.0, 1)}
+# NVFP4 quantizes its input in one kernel: reads the BF16 and writes E2M1 with one E4M3 scale per 16.
+GEMM_QUANT = {
+    "bfloat16": (0.0, 0),
+    "fp8": (CAST_BYTES["tensorwise"], 2),
+    "fp8_block": (3.0, 1),
+    "nvfp4": (2.0 + 0.5625, 1),
+}
+GEMM_PRECISION = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4"}
 
 
 def _gemm_rows() -> list[dict[str, str]]:
@@ -213,7 +220,7 @@ def _gemm_model_ms(row: dict[str, str]) -> float:
     """The GEMM model's time at boost clock for one measured Linear, its input quantization included."""
     gpu = load_gpu(row["gpu"])
     m, n, k = int(row["m"]), int(row["n"]), int(row["k"])
-    precision = "bf16" if row["dtype"] == "bfloat16" else "fp8"
+    precision = GEMM_PRECISION[row["dtype"]]
     rate = gpu.peak_tflops(precision) * 1e12 * gemm_fraction(gpu, m, n, k, precision) / clock_ratio(gpu)
     quant_bytes, quant_kernels = GEMM_QUANT[row["dtype"]]
     seconds = 2.0 * m * n * k / rate + memory_time_s(gpu, quant_bytes * m * k) + (1 + quant_kernels) * KERNEL_GAP_S
@@ -222,13 +229,14 @@ def _gemm_model_ms(row: dict[str, str]) -> float:
 
 def test_gemm_fractions_are_the_measured_tables_fit():
     """Per GPU and precision (A100, L40S, H100, H200, B200, GB200, B300, GB300; BF16 (FP16 on the L40S),
-    FP8 per-tensor on Ada and Hopper, block-scaled FP8 on Blackwell), the catalog's matmul fractions
-    reproduce 162-243 measured GEMMs (M 4k-16k, N and K 1k-16k) within 2% on average, and 90% of them
-    within 20% each: tile and wave quantization and the K depth carry the rest of the shape dependence."""
+    FP8 per-tensor on Ada and Hopper, block-scaled FP8 on Blackwell, NVFP4 on B200 and GB200), the
+    catalog's matmul fractions reproduce 162-243 measured GEMMs (M 4k-16k, N and K 1k-16k) within 2% on
+    average, and 90% of them within 20% each: tile and wave quantization and the K depth carry the rest of
+    the shape dependence."""
     groups: dict[tuple[str, str], list[float]] = {}
     for row in _gemm_rows():
         groups.setdefault((row["gpu"], row["dtype"]), []).append(_gemm_model_ms(row) / float(row["latency_ms"]))
-    assert len(groups) == 15
+    assert len(groups) == 17
     for key, ratios in groups.items():
         assert _geomean(ratios) == pytest.approx(1.0, abs=0.02), key
         within = sum(0.8 < r < 1.2 for r in ratios) / len(ratios)
@@ -238,11 +246,12 @@ def test_gemm_fractions_are_the_measured_tables_fit():
         assert within >= (0.6 if key == ("L40S", "fp8") else 0.9), (key, round(within, 2))
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "fp8", "fp8_block"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "fp8", "fp8_block", "nvfp4"])
 def test_gemm_depth_curve_matches_measured(dtype: str):
     """Time per FLOP at K = 1024 and 2048 over K = 8192 (geometric mean over GPUs, M and N): BF16's
-    per-tile cost K0 = 64 and FP8's K0 = 440 each reproduce the measured slow-down (BF16 1.06 / 0.99, FP8
-    per-tensor 1.37 / 1.16, block-scaled 1.51 / 1.15) within 6%. BF16's K0 would give FP8 1.05 / 1.02."""
+    per-tile cost K0 = 64, FP8's K0 = 440 and NVFP4's 1088 each reproduce the measured slow-down (BF16
+    1.06 / 0.99, FP8 per-tensor 1.37 / 1.16, block-scaled 1.51 / 1.15, NVFP4 1.82 / 1.38) within 6%. BF16's
+    K0 would give FP8 1.05 / 1.02."""
     # (FP8 on the L40S, whose shape dependence the model misses, above, is left out of the FP8 curve)
     rows = [r for r in _gemm_rows() if r["dtype"] == dtype and not (dtype == "fp8" and r["gpu"] == "L40S")]
     by_shape = {(r["gpu"], r["m"], r["n"], int(r["k"])): r for r in rows}

@@ -491,7 +491,8 @@ def test_vllm_frees_the_blocks_windowed_layers_no_longer_read() -> None:
         est.load_engine = original
     assert freed.preemptions == 0 < whole.preemptions
     assert freed.max_concurrency_at_full_length > 1.8 * whole.max_concurrency_at_full_length
-    assert freed.output_tokens_per_s > 1.3 * whole.output_tokens_per_s
+    # with the checkpoint's MXFP4 experts the weights leave room for most requests either way
+    assert freed.precision == "mxfp4" and freed.output_tokens_per_s > whole.output_tokens_per_s
 
 
 def test_a_shared_prefix_is_computed_once_where_the_engine_caches_prefixes() -> None:

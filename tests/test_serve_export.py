@@ -98,6 +98,7 @@ LAYOUTS = [
     ("qwen3-30b-a3b", 16, 4, 4, 4, 0, "fp8", "bf16"),  # MoE with EP, two nodes
     ("llama3.1-70b", 8, 2, 1, 4, 1, "bf16", "fp8"),  # P:D 1:3 on one node
     ("qwen3-30b-a3b", 16, 2, 2, 8, 3, "fp8", "fp8"),  # P:D 3:5 with EP on two nodes
+    ("gpt-oss-120b", 8, 1, 1, 8, 0, "mxfp4", "bf16"),  # the checkpoint's own MXFP4, read as stored
 ]
 
 
@@ -290,3 +291,11 @@ class Parallel(msgspec.Struct):
                             "--backend"])  # fmt: skip
     assert values == {"--mode": ["null", "prefill", "decode"], "--backend": ["a", "b"]}
     assert "sglang/srt/arg_groups/fields/parallel.py" in read
+
+
+def test_export_refuses_a_4bit_format_the_checkpoint_is_not_stored_in():
+    """No engine quantizes to NVFP4 / MXFP4 / W4A16 while loading: a plan priced so for a BF16 checkpoint
+    is refused in one line (an FP8 plan of a BF16 checkpoint gets the engine's load-time FP8)."""
+    res = fake_result("llama3.1-8b", ENGINES[0], 1, 1, precision="nvfp4")
+    with pytest.raises(ShardscopeError, match="nvfp4 weights load from a checkpoint stored so"):
+        serve_launch(res, "llama3.1-8b")

@@ -502,7 +502,9 @@ def serve(
     pp: Annotated[int, typer.Option(help="pipeline-parallel size of one replica (1 only, for now)")] = 1,
     ep: Annotated[int, typer.Option(help="MoE: expert-parallel size within a replica (1 or --tp)")] = 1,
     engine: Annotated[str, typer.Option(help="serving engine: vllm | sglang | trtllm (NAME[@RELEASE])")] = "vllm",
-    precision: Annotated[str, typer.Option(help="weight precision: bf16 | fp8")] = "bf16",
+    precision: Annotated[
+        str, typer.Option(help="weight format: auto (the checkpoint's) | bf16 | fp8 | nvfp4 | mxfp4 | w4a16")
+    ] = "auto",
     kv_dtype: Annotated[str, typer.Option(help="KV-cache dtype: auto (the engine's rule) | bf16 | fp8")] = "auto",
     rate: Annotated[float, typer.Option(help="Poisson arrivals, requests/s (inf: offline, all at once)")] = math.inf,
     concurrency: Annotated[int, typer.Option(help="keep this many requests outstanding (closed loop)")] = 0,
@@ -566,7 +568,9 @@ def serve_plan(
     dataset: Annotated[str, typer.Option(help="fixed | sharegpt-like (seeded log-normal lengths)")] = "fixed",
     num_prompts: Annotated[int, typer.Option(help="requests in each deployment's simulation")] = 1000,
     seed: Annotated[int, typer.Option(help="random seed of arrivals and lengths")] = 0,
-    precision: Annotated[str, typer.Option(help="weight precision: bf16 | fp8")] = "bf16",
+    precision: Annotated[
+        str, typer.Option(help="weight format: auto (the checkpoint's) | bf16 | fp8 | nvfp4 | mxfp4 | w4a16")
+    ] = "auto",
     kv_dtype: Annotated[str, typer.Option(help="KV-cache dtype: auto (the engine's rule) | bf16 | fp8")] = "auto",
     slo_ttft_ms: Annotated[float | None, typer.Option(help="p90 TTFT target, ms")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="p90 TPOT target, ms")] = None,

@@ -42,14 +42,22 @@ def memory_time_s(gpu: GPU, nbytes: float, aten: bool = False) -> float:
     return nbytes / (gpu.hbm_gbps * 1e9 * (ATEN_HBM_FRACTION if aten else HBM_FRACTION))
 
 
-def gemm_time_s(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", groups: int = 1) -> float:
+# Bytes an operand element takes in a GEMM of this precision (FP4: E2M1 with one E4M3 scale per 16)
+OPERAND_BYTES = {"fp8": 1.0, "fp4": 0.5625}
+
+
+def gemm_time_s(
+    gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", groups: int = 1, weight_bytes: float | None = None
+) -> float:
     """Roofline of one GEMM, or of a grouped GEMM of `groups` problems of (M, N, K) each: FLOPs at the
     size-dependent fraction of the precision's peak, or the operand traffic at streaming bandwidth,
-    whichever is longer (kernel gaps are counted by `op_time_s`)."""
+    whichever is longer (kernel gaps are counted by `op_time_s`). `weight_bytes`: the (K, N) operand's
+    bytes an element where they differ from the precision's (weights the kernel dequantizes)."""
     flops = 2.0 * m * n * k * groups
     compute = flops / (gpu.peak_tflops(precision) * 1e12 * gemm_fraction(gpu, m, n, k, precision, groups))
-    elem = 1.0 if precision == "fp8" else 2.0
-    io = groups * (elem * (m * k + k * n) + 2.0 * m * n)
+    elem = OPERAND_BYTES.get(precision, 2.0)
+    weights = elem if weight_bytes is None else weight_bytes
+    io = groups * (elem * m * k + weights * k * n + 2.0 * m * n)
     return max(compute, memory_time_s(gpu, io))
 
 

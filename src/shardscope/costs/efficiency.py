@@ -21,7 +21,9 @@ GEMM_TILE = {"ampere": (128, 128), "hopper": (128, 256), "blackwell": (128, 256)
 # gap between K=2048 and 8192 of mamf-finder scans); FP8 per-tensor (H100/H200, cuBLASLt) and block-scaled
 # FP8 (B200-GB300, DeepGEMM) run 1.37 / 1.51x slower per FLOP at K = 1024 and 1.15x at K = 2048 than at
 # K = 8192. K0 = 440 minimises the largest miss over the four (0-4%; tests/test_kernels_measured.py).
-GEMM_K0 = {"bf16": 64, "fp8": 440}
+# NVFP4 on B200 / GB200 (TRT-LLM 1.0.0rc6, aiconfigurator 0.4.0), its input quantization included: 1.82x
+# at K = 1024 and 1.38x at 2048, which K0 = 1088 gives (1.82 / 1.35).
+GEMM_K0 = {"bf16": 64, "fp8": 440, "fp4": 1088}
 GEMM_K_REF = 2048  # the depth at which `matmul_*_fraction` is stated
 
 # Flash-attention kernels' fraction of dense BF16 peak at long sequence and head dim 128, forward and
@@ -131,7 +133,7 @@ def gemm_fraction(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", gro
     tile_fill = (groups * m * n) / (tiles * tm * tn)
     waves = math.ceil(tiles / gpu.sms)
     wave_fill = tiles / (waves * gpu.sms)
-    k0 = GEMM_K0["fp8" if precision == "fp8" else "bf16"]
+    k0 = GEMM_K0.get(precision, GEMM_K0["bf16"])
     depth = (k / (k + k0)) / (GEMM_K_REF / (GEMM_K_REF + k0))
     return sustained * tile_fill * wave_fill * depth
 

@@ -44,6 +44,7 @@ class GPU:
     matmul_sustained_fraction: float
     fp8_matmul_sustained_fraction: float | None = None
     fp4_tflops: float | None = None  # dense FP4 (NVFP4) tensor peak; None where the chip has no FP4 tensor cores
+    fp4_matmul_sustained_fraction: float | None = None
     attention_fwd_scale: float = 1.0  # flash-attention forward speed over its architecture's figures
     pcie_gbps: float = 25.0  # host link per GPU per direction (achieved)
     tdp_w: float | None = None  # board power limit the sustained fractions were measured at
@@ -58,8 +59,11 @@ class GPU:
     profile: Profile | None = None
 
     def matmul_fraction(self, precision: str) -> float:
-        """Sustained fraction of the datasheet peak that large GEMMs of this precision reach."""
-        if precision == "fp8" and self.fp8_matmul_sustained_fraction:
+        """Sustained fraction of the datasheet peak that large GEMMs of this precision reach (FP4 where
+        unmeasured: FP8's)."""
+        if precision == "fp4" and self.fp4_matmul_sustained_fraction:
+            return self.fp4_matmul_sustained_fraction
+        if precision in ("fp8", "fp4") and self.fp8_matmul_sustained_fraction:
             return self.fp8_matmul_sustained_fraction
         return self.matmul_sustained_fraction
 
@@ -143,11 +147,12 @@ def power_capped(gpu: GPU, watts: float) -> GPU:
     if gpu.tdp_w is None:
         raise ShardscopeError(f"--power-limit needs the GPU's TDP, which the catalog lacks for {gpu.name}")
     ratio = min(1.0, (watts / gpu.tdp_w) ** (1 / 3))
-    fp8 = gpu.fp8_matmul_sustained_fraction
+    fp8, fp4 = gpu.fp8_matmul_sustained_fraction, gpu.fp4_matmul_sustained_fraction
     return replace(
         gpu,
         matmul_sustained_fraction=gpu.matmul_sustained_fraction * ratio,
         fp8_matmul_sustained_fraction=fp8 * ratio if fp8 else fp8,
+        fp4_matmul_sustained_fraction=fp4 * ratio if fp4 else fp4,
         notes=f"{gpu.notes} Power-capped at {watts:g} W (compute clocks x{ratio:.3f}).".strip(),
     )
 

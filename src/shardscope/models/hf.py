@@ -11,10 +11,12 @@ from __future__ import annotations
 import difflib
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from shardscope.errors import ShardscopeError, warn
+from shardscope.models.quant import checkpoint_format
 from shardscope.models.spec import GPT_BLOCK, MAX_LAYERS, DiTSpec, MLASpec, ModelSpec, MoESpec, divisors_text
 
 LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "olmo2", "granite"}
@@ -569,10 +571,15 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "custom", source_dir: 
         from shardscope.measure import measured_model
 
         try:
-            return measured_model(cfg, name, source_dir)
+            spec = measured_model(cfg, name, source_dir)
         except ShardscopeError as exc:
             raise ShardscopeError(f"unsupported model_type {model_type!r} in config.json: {exc}") from None
-    return _PARSERS[model_type](name, cfg)
+    else:
+        spec = _PARSERS[model_type](name, cfg)
+    fmt, experts_only = checkpoint_format(cfg)
+    if fmt:
+        spec = replace(spec, weight_format=fmt, quantized_experts_only=experts_only and spec.moe is not None)
+    return spec
 
 
 def load_hf_config_file(path: Path) -> ModelSpec:

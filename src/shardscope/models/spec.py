@@ -195,6 +195,10 @@ class ModelSpec(Memoised):
     extra_params: int = 0
     # Per attention kind, the block as measured (`graph.measured` prices what the fields above miss).
     measured_blocks: tuple[MeasuredBlock, ...] = ()
+    # The checkpoint's weight format (`models.quant`: "" = the model dtype, "fp8", "mxfp4", "nvfp4", "w4a16")
+    # and whether it quantizes only the routed experts (GPT-OSS keeps attention in BF16); serving reads it.
+    weight_format: str = ""
+    quantized_experts_only: bool = False
     # Derived figures of this immutable spec (layer kinds, per-rank parameter counts), kept for the
     # planner, which asks them for thousands of plans.
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)

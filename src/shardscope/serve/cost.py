@@ -16,6 +16,7 @@ from shardscope.costs.comm import collective_time_s, place_group
 from shardscope.costs.compute import gemm_time_s, memory_time_s
 from shardscope.costs.efficiency import KERNEL_GAP_S, attention_fraction
 from shardscope.hardware.catalog import GPU, Cluster
+from shardscope.models.quant import WEIGHT_FORMATS, WeightFormat
 from shardscope.models.spec import ModelSpec
 from shardscope.serve.engine import Engine
 
@@ -52,13 +53,27 @@ class Deployment:
     model: ModelSpec
     cluster: Cluster
     tp: int
-    precision: str = "bf16"  # weights: bf16 | fp8
+    precision: str = "bf16"  # the weights' format (`models.quant.WEIGHT_FORMATS`)
     kv_dtype_bytes: int = 2
     ep: int = 1  # 1 or tp
 
     @property
-    def weight_bytes(self) -> float:
-        return 1.0 if self.precision == "fp8" else 2.0
+    def weight_format(self) -> WeightFormat:
+        return WEIGHT_FORMATS[self.precision]
+
+    @property
+    def experts_only(self) -> bool:
+        """Only the routed experts are in `precision`, the rest in BF16: the checkpoint's own format where
+        it quantizes the experts alone (GPT-OSS's MXFP4)."""
+        return self.precision == self.model.weight_format and self.model.quantized_experts_only
+
+    def gemm(self, experts: bool) -> tuple[str, float]:
+        """(GEMM precision, bytes a weight) of the routed experts' GEMMs or of the others'."""
+        if self.experts_only and not experts:
+            return "bf16", 2.0
+        fmt = self.weight_format
+        p = fmt.blackwell_gemm if self.cluster.gpu.fp4_tflops else fmt.gemm
+        return ("bf16" if p == "fp8" and self.cluster.gpu.fp8_tflops is None else p), fmt.bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +96,16 @@ class Memory:
 
 
 def weights_bytes_per_gpu(d: Deployment) -> float:
-    """Checkpoint weights on one TP rank: linear layers at the weight precision, embeddings and LM head in
-    BF16 (FP8 checkpoints keep them so), all split over TP (vLLM shards the vocabulary too)."""
+    """Checkpoint weights on one TP rank: linear layers in the weight format (only the routed experts where
+    the checkpoint quantizes them alone), embeddings and LM head in BF16 (quantized checkpoints keep them
+    so), all split over TP (vLLM shards the vocabulary too)."""
     m = d.model
     embed = m.embedding_params + m.lm_head_params
-    return ((m.params_total - embed) * d.weight_bytes + embed * ACT_BYTES) / d.tp
+    quantized = m.params_total - embed
+    if d.experts_only:
+        quantized = m.moe_layers * m.moe.experts * m.expert_params if m.moe else 0
+    rest = m.params_total - quantized
+    return (quantized * d.weight_format.bytes + rest * ACT_BYTES) / d.tp
 
 
 def kv_bytes_per_token(d: Deployment) -> float:
@@ -155,12 +175,16 @@ def expected_experts_hit(experts: int, top_k: int, tokens: int) -> float:
     return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
 
 
-def gemm_s(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", groups: int = 1) -> float:
-    """One GEMM's time: measured (interpolated) where the GPU carries a profile that covers the shape
-    (`--profile`; decode-sized GEMMs run at the weights' read rate there), else the roofline model."""
-    if gpu.profile is not None and (t := gpu.profile.gemm_s(m, n, k, precision, groups)) is not None:
+def gemm_s(
+    gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", groups: int = 1, weight_bytes: float | None = None
+) -> float:
+    """One GEMM's time: measured (interpolated) where the GPU carries a profile that covers the shape and the
+    weights are in the GEMM's own precision (`--profile`; decode-sized GEMMs run at the weights' read rate
+    there), else the roofline model; `weight_bytes`: a weight's bytes where the kernel dequantizes them."""
+    own = weight_bytes is None or weight_bytes == {"fp8": 1.0, "bf16": 2.0}.get(precision)
+    if own and gpu.profile is not None and (t := gpu.profile.gemm_s(m, n, k, precision, groups)) is not None:
         return t
-    return gemm_time_s(gpu, m, n, k, precision, groups)
+    return gemm_time_s(gpu, m, n, k, precision, groups, weight_bytes)
 
 
 @dataclass
@@ -190,7 +214,7 @@ class IterationCost:
             self.pair_flops = 2.0 * m.heads / tp * (m.qk_head_dim + m.v_head_dim)
         self.kv_layer_bytes = kv_bytes_per_token(self.d) / m.layers
         self.attn_cols = max(1, round(m.attention_params / m.hidden / tp))
-        self.precision = "fp8" if self.d.precision == "fp8" else "bf16"
+        self.dense_gemm, self.expert_gemm = self.d.gemm(experts=False), self.d.gemm(experts=True)
         self.tp_group = place_group(self.d.cluster, tp, 1)
 
     def _linear_s(self, tokens: int, sampled: int) -> float:
@@ -198,12 +222,16 @@ class IterationCost:
         key = (tokens, sampled)
         if (t := self._linear.get(key)) is not None:
             return t
-        m, gpu, tp, p = self.d.model, self.d.cluster.gpu, self.d.tp, self.precision
+        m, gpu, tp = self.d.model, self.d.cluster.gpu, self.d.tp
+        p, w = self.dense_gemm
+        pe, we = self.expert_gemm
         h, mats = m.hidden, (3 if m.mlp == "swiglu" else 2)
-        t = m.layers * gemm_s(gpu, tokens, self.attn_cols, h, p)
+        t = m.layers * gemm_s(gpu, tokens, self.attn_cols, h, p, 1, w)
         if self.dense_layers:
             f = max(1, m.ffn_hidden // tp)
-            t += self.dense_layers * (gemm_s(gpu, tokens, (mats - 1) * f, h, p) + gemm_s(gpu, tokens, h, f, p))
+            t += self.dense_layers * (
+                gemm_s(gpu, tokens, (mats - 1) * f, h, p, 1, w) + gemm_s(gpu, tokens, h, f, p, 1, w)
+            )
         if self.moe_layers and m.moe is not None:
             moe = m.moe
             hit = expected_experts_hit(moe.experts, moe.top_k, tokens)
@@ -217,10 +245,10 @@ class IterationCost:
                 groups = max(1, round(min(n, n * q + math.sqrt(n * q * (1 - q) * 2 * math.log(ep)))))
             fe = max(1, moe.expert_ffn // (tp // self.d.ep))
             layer = gemm_s(gpu, tokens, moe.experts, h, "bf16")  # router
-            layer += gemm_s(gpu, rows, (mats - 1) * fe, h, p, groups) + gemm_s(gpu, rows, h, fe, p, groups)
+            layer += gemm_s(gpu, rows, (mats - 1) * fe, h, pe, groups, we) + gemm_s(gpu, rows, h, fe, pe, groups, we)
             if moe.shared_experts:
                 fs = max(1, moe.shared_experts * moe.shared_ffn // tp)
-                layer += gemm_s(gpu, tokens, (mats - 1) * fs, h, p) + gemm_s(gpu, tokens, h, fs, p)
+                layer += gemm_s(gpu, tokens, (mats - 1) * fs, h, p, 1, w) + gemm_s(gpu, tokens, h, fs, p, 1, w)
             t += self.moe_layers * layer
         if sampled:
             t += gemm_s(gpu, sampled, max(1, m.vocab // tp), h, "bf16")

@@ -13,6 +13,7 @@ from typing import Any
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import make_cluster
 from shardscope.models.catalog import load_model
+from shardscope.models.quant import resolve_format
 from shardscope.models.spec import ModelSpec
 from shardscope.serve.cost import (
     Batch,
@@ -30,7 +31,7 @@ from shardscope.serve.metrics import Stat, stat_s, weighted_stat_s
 from shardscope.serve.simulator import ReplicaRun, kv_block_units, simulate_replica, window_keys
 from shardscope.serve.workload import Request, make_requests
 
-PRECISIONS = ("bf16", "fp8")
+KV_DTYPES = ("bf16", "fp8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +85,11 @@ class ServeResult:
 
 
 def check_dtypes(precision: str, kv_dtype: str) -> None:
-    """One line for a weight precision or KV-cache dtype serving does not know (`auto`: the engine's rule)."""
-    if precision not in PRECISIONS:
-        raise ShardscopeError(f"unknown precision {precision!r} (valid: {', '.join(PRECISIONS)})")
-    if kv_dtype not in ("auto", *PRECISIONS):
-        raise ShardscopeError(f"unknown KV-cache dtype {kv_dtype!r} (valid: auto, {', '.join(PRECISIONS)})")
+    """One line for a weight format or KV-cache dtype serving does not know (`auto`: the checkpoint's format;
+    the engine's rule for the KV cache)."""
+    resolve_format(precision, "")
+    if kv_dtype not in ("auto", *KV_DTYPES):
+        raise ShardscopeError(f"unknown KV-cache dtype {kv_dtype!r} (valid: auto, {', '.join(KV_DTYPES)})")
 
 
 def serve_estimate(
@@ -98,7 +99,7 @@ def serve_estimate(
     tp: int = 1,
     pp: int = 1,
     engine: str = "vllm",
-    precision: str = "bf16",
+    precision: str = "auto",
     kv_dtype: str = "auto",
     rate: float = math.inf,
     concurrency: int = 0,
@@ -146,6 +147,7 @@ def serve_estimate(
     spec = load_model(model)
     if spec.dit is not None:
         raise ShardscopeError(f"{spec.name} is a diffusion transformer; serving simulates language models")
+    asked, precision = precision, resolve_format(precision, spec.weight_format)
     cluster = make_cluster(gpu, gpus)
     if profile is not None:  # measured GEMM times where the profile covers them (`cost.gemm_s`)
         from shardscope import with_profile
@@ -167,7 +169,8 @@ def serve_estimate(
     mem = memory_plan(d, eng)
     draft_cost = None
     if spec_dec is not None and spec_dec.kind == "draft":  # the draft's weights and KV share the pool
-        dd = Deployment(load_model(spec_dec.draft_model), cluster, tp, precision, d.kv_dtype_bytes)
+        draft = load_model(spec_dec.draft_model)
+        dd = Deployment(draft, cluster, tp, resolve_format(asked, draft.weight_format), d.kv_dtype_bytes)
         per_token = mem.kv_bytes_per_token + kv_bytes_per_token(dd)
         pool = mem.kv_pool_gib * (1 << 30) - weights_bytes_per_gpu(dd)
         blocks = max(0, math.floor(pool / (per_token * mem.block_size)))

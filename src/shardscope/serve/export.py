@@ -255,7 +255,14 @@ def serve_launch(result, model: str, plan_index: int = 0) -> ServeExport:
         common += [flag] if switch else [flag, str(p.ep)]
     common += [rel.seqs, str(p.max_num_seqs), rel.tokens, str(eng.max_num_batched_tokens)]
     common += [rel.memory, _memory_value(eng, cluster.gpu.hbm_gib)]
-    if result.precision == "fp8":
+    # A checkpoint in the plan's weight format is read as it is stored; a BF16 one the engine quantizes to
+    # FP8 as it loads; no engine quantizes to the 4-bit formats while loading
+    if result.precision != (spec.weight_format or "bf16"):
+        if result.precision != "fp8":
+            raise ShardscopeError(
+                f"--export {rel.label}: {result.precision} weights load from a checkpoint stored so, and "
+                f"{spec.name}'s is {spec.weight_format or 'bf16'}; give that checkpoint's config.json"
+            )
         common += list(rel.quantization)
     if result.kv_dtype == "fp8":
         common += list(rel.kv_fp8)

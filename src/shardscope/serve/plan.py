@@ -29,6 +29,7 @@ from typing import Any
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import make_cluster
 from shardscope.models.catalog import load_model
+from shardscope.models.quant import resolve_format
 from shardscope.models.spec import ModelSpec
 from shardscope.serve.cost import Batch, Deployment, IterationCost, memory_plan
 from shardscope.serve.engine import load_engine
@@ -256,7 +257,7 @@ def serve_plan(
     dataset: str = "fixed",
     num_prompts: int = 1000,
     seed: int = 0,
-    precision: str = "bf16",
+    precision: str = "auto",
     kv_dtype: str = "auto",
     slo_ttft_ms: float | None = None,
     slo_tpot_ms: float | None = None,
@@ -285,6 +286,7 @@ def serve_plan(
     spec = load_model(model)
     if spec.dit is not None:
         raise ShardscopeError(f"{spec.name} is a diffusion transformer; serving simulates language models")
+    precision = resolve_format(precision, spec.weight_format)
     cluster = make_cluster(gpu, gpus)
     eng = load_engine(engine, cluster.gpu)
     kv_dtype = eng.kv_dtype(kv_dtype, precision)
