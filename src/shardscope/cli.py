@@ -499,7 +499,7 @@ def serve(
     gpu: Gpu = "H100",
     gpus: Gpus = 8,
     tp: Annotated[int, typer.Option(help="tensor-parallel size of one replica")] = 1,
-    pp: Annotated[int, typer.Option(help="pipeline-parallel size of one replica (1 only, for now)")] = 1,
+    pp: Annotated[int, typer.Option(help="pipeline stages of one replica (a batch in flight per stage)")] = 1,
     ep: Annotated[int, typer.Option(help="MoE: expert-parallel size within a replica (1 or --tp)")] = 1,
     engine: Annotated[str, typer.Option(help="serving engine: vllm | sglang | trtllm (NAME[@RELEASE])")] = "vllm",
     precision: Annotated[

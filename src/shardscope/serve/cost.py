@@ -1,7 +1,9 @@
 """Time of one serving iteration (a prefill chunk and a decode batch run as one forward pass) on one GPU of
 a tensor-parallel group, from the training cost model: GEMMs through `gemm_time_s` (weights streamed once
 an iteration, so decode is memory-bound and prefill compute-bound by the same roofline), attention over the
-KV cache through `attention_fraction` / `memory_time_s`, TP all-reduces through `collective_time_s`.
+KV cache through `attention_fraction` / `memory_time_s`, TP all-reduces through `collective_time_s`. A
+pipelined replica's iteration is a pass through all its stages: every layer's time and a send of the hidden
+states across each stage boundary.
 
 A GEMM of the attention block is costed as one (tokens x hidden) x (hidden x attention_params/hidden)
 product: it keeps the weights' bytes and FLOPs exact; its tile shape is an approximation.
@@ -56,6 +58,12 @@ class Deployment:
     precision: str = "bf16"  # the weights' format (`models.quant.WEIGHT_FORMATS`)
     kv_dtype_bytes: int = 2
     ep: int = 1  # 1 or tp
+    pp: int = 1  # pipeline stages of a replica, each `stage_layers` consecutive layers
+
+    @property
+    def stage_layers(self) -> int:
+        """Layers of the most loaded pipeline stage (the engines split layers as evenly as they divide)."""
+        return -(-self.model.layers // self.pp)
 
     @property
     def weight_format(self) -> WeightFormat:
@@ -104,8 +112,13 @@ def weights_bytes_per_gpu(d: Deployment) -> float:
     quantized = m.params_total - embed
     if d.experts_only:
         quantized = m.moe_layers * m.moe.experts * m.expert_params if m.moe else 0
-    rest = m.params_total - quantized
-    return (quantized * d.weight_format.bytes + rest * ACT_BYTES) / d.tp
+    body = quantized * d.weight_format.bytes + (m.params_total - quantized - embed) * ACT_BYTES
+    if d.pp == 1:
+        return (body + embed * ACT_BYTES) / d.tp
+    # Pipelined: a stage holds its layers, the first the embedding, the last the LM head (its own copy of
+    # a tied embedding); the most loaded is a stage of `stage_layers` with the larger end
+    ends = max(m.embedding_params, m.lm_head_params or m.embedding_params) * ACT_BYTES
+    return (body * d.stage_layers / m.layers + ends) / d.tp
 
 
 def kv_bytes_per_token(d: Deployment) -> float:
@@ -117,7 +130,7 @@ def kv_bytes_per_token(d: Deployment) -> float:
         per_layer = (m.mla.kv_lora_rank + m.mla.qk_rope_head_dim) * d.kv_dtype_bytes
     else:
         per_layer = 2 * max(1, m.kv_heads // d.tp) * m.head_dim * d.kv_dtype_bytes
-    return float(per_layer * m.layers)
+    return float(per_layer * d.stage_layers)
 
 
 def activation_peak_bytes(d: Deployment, tokens: int, sampled: int) -> float:
@@ -212,10 +225,11 @@ class IterationCost:
             self.pair_flops = 2.0 * m.heads / tp * (2 * a.kv_lora_rank + a.qk_rope_head_dim)
         else:
             self.pair_flops = 2.0 * m.heads / tp * (m.qk_head_dim + m.v_head_dim)
-        self.kv_layer_bytes = kv_bytes_per_token(self.d) / m.layers
+        self.kv_layer_bytes = kv_bytes_per_token(self.d) / self.d.stage_layers
         self.attn_cols = max(1, round(m.attention_params / m.hidden / tp))
         self.dense_gemm, self.expert_gemm = self.d.gemm(experts=False), self.d.gemm(experts=True)
         self.tp_group = place_group(self.d.cluster, tp, 1)
+        self.pp_group = place_group(self.d.cluster, self.d.pp, tp)
 
     def _linear_s(self, tokens: int, sampled: int) -> float:
         """GEMMs, MoE experts, LM head and TP all-reduces of one forward over `tokens` tokens."""
@@ -254,6 +268,9 @@ class IterationCost:
             t += gemm_s(gpu, sampled, max(1, m.vocab // tp), h, "bf16")
         # two all-reduces a layer (attention output, MLP output) of the tokens' hidden states
         t += 2 * m.layers * collective_time_s(self.d.cluster, "all_reduce", tokens * h * ACT_BYTES, self.tp_group)
+        if self.d.pp > 1:  # the hidden states cross each stage boundary once (the pass goes through all stages)
+            hop = collective_time_s(self.d.cluster, "send_recv", tokens * h * ACT_BYTES, self.pp_group)
+            t += (self.d.pp - 1) * hop
         self._linear[key] = t
         return t
 

@@ -133,8 +133,8 @@ def serve_estimate(
         raise ShardscopeError(f"--prefix-len must be at least 0 and below --input-len {input_len}, got {prefix_len}")
     if tp < 1 or pp < 1:
         raise ShardscopeError("--tp and --pp must be at least 1")
-    if pp != 1:
-        raise ShardscopeError("pipeline-parallel serving is not modelled yet (valid: --pp 1)")
+    if pp > 1 and disaggregate:
+        raise ShardscopeError("--disaggregate runs replicas of one pipeline stage (--pp 1)")
     if gpus % (tp * pp):
         raise ShardscopeError(f"--gpus {gpus} is not a multiple of tp x pp = {tp * pp}")
     for name, slo in (("--slo-ttft-ms", slo_ttft_ms), ("--slo-tpot-ms", slo_tpot_ms)):
@@ -165,7 +165,7 @@ def serve_estimate(
     check_ep(spec, tp, ep)
     kv_dtype = eng.kv_dtype(kv_dtype, precision)
     spec = eng.serving_model(spec)
-    d = Deployment(spec, cluster, tp, precision, 1 if kv_dtype == "fp8" else 2, ep)
+    d = Deployment(spec, cluster, tp, precision, 1 if kv_dtype == "fp8" else 2, ep, pp)
     mem = memory_plan(d, eng)
     draft_cost = None
     if spec_dec is not None and spec_dec.kind == "draft":  # the draft's weights and KV share the pool
@@ -189,10 +189,16 @@ def serve_estimate(
     dp = gpus // (tp * pp)
     mode = "concurrency" if concurrency > 0 else ("offline" if math.isinf(rate) else "poisson")
     reqs = make_requests(num_prompts, mode, rate, input_len, output_len, dataset, seed, samples)
+    # Pipeline parallelism: a replica keeps a batch in flight per stage (vLLM's max_concurrent_batches = pp),
+    # simulated as `pp` schedulers over its requests, each with its share of the KV blocks and of
+    # max_num_seqs, their iterations passing through every stage
+    sub_blocks = mem.kv_blocks // pp
+    sub_eng = eng if pp == 1 else replace(eng, max_num_seqs=max(1, eng.max_num_seqs // pp))
     longest = max(r.input_len + r.output_len for r in reqs)
-    if longest > mem.kv_tokens:
+    if longest > sub_blocks * mem.block_size:
+        where = "one replica" if pp == 1 else f"a batch in flight ({pp} share one replica's)"
         raise ShardscopeError(
-            f"a request of {longest} tokens exceeds the KV cache of one replica ({mem.kv_tokens} tokens)"
+            f"a request of {longest} tokens exceeds the KV cache of {where} ({sub_blocks * mem.block_size} tokens)"
         )
     cost = SpecIterationCost(d, eng, spec=spec_dec, draft=draft_cost) if spec_dec else IterationCost(d, eng)
     # Speculative decoding: a request's output takes ceil((n − 1) / E) verify steps after its first token,
@@ -210,16 +216,17 @@ def serve_estimate(
             raise ShardscopeError("--disaggregate runs Poisson or offline arrivals (not --concurrency)")
         runs, transfer = _disaggregated(sim_reqs, reqs, pools, cost, eng, mem, d, trace, prefix_len)
     else:
-        # Round-robin routing (`route`); a closed loop splits its clients evenly.
-        routed = route(reqs, dp)
-        shares = [[sim_reqs[i] for i in idx] for idx in routed]
-        originals = [[reqs[i] for i in idx] for idx in routed]
-        for r in range(dp):
-            clients = concurrency // dp + (1 if r < concurrency % dp else 0) if concurrency else 0
+        # Round-robin routing (`route`) to the replicas, and within one to its batches in flight; a closed
+        # loop splits its clients evenly.
+        for idx in _schedulers(reqs, dp * pp):
+            clients = concurrency // (dp * pp) + (1 if len(runs) < concurrency % (dp * pp) else 0)
             if concurrency and clients == 0:
                 continue
-            run = simulate_replica(shares[r], cost, eng, mem.kv_blocks, clients, trace=trace, prefix=prefix_len)
-            runs.append((run, originals[r]))
+            run = simulate_replica(
+                [sim_reqs[i] for i in idx], cost, sub_eng, sub_blocks, clients if concurrency else 0, trace=trace,
+                prefix=prefix_len,
+            )  # fmt: skip
+            runs.append((run, [reqs[i] for i in idx]))
     result = _summarise(spec.name, cluster.gpu.name, gpus, tp, pp, dp, eng, precision, mode, rate, concurrency,
                         reqs, runs, mem, cost, slo_ttft_ms, slo_tpot_ms)  # fmt: skip
     if spec_dec is not None:
@@ -244,6 +251,12 @@ def route(reqs: list[Request], replicas: int) -> list[list[int]]:
     for i, r in enumerate(reqs):
         shares[(r.group if r.group >= 0 else i) % replicas].append(i)
     return shares
+
+
+def _schedulers(reqs: list[Request], n: int) -> list[list[int]]:
+    """The requests of each of `n` schedulers (replica-major: replica r's batches in flight follow one
+    another), those that get any."""
+    return [idx for idx in route(reqs, n) if idx]
 
 
 def check_ep(spec: ModelSpec, tp: int, ep: int) -> None:
