@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -471,7 +472,6 @@ def test_vllm_frees_the_blocks_windowed_layers_no_longer_read() -> None:
     layer, the blocks before its window (GPT-OSS: every other layer, 128 keys): a request holding c tokens
     takes a block of every full layer per 16 tokens and at most 9 of each windowed layer. With 4k-token
     prompts and 1k outputs the cache then holds all 256 requests at once, and the offline throughput rises."""
-    from dataclasses import replace
 
     from shardscope.serve.simulator import kv_block_units
 
@@ -635,3 +635,26 @@ def test_pipeline_stages_keep_a_batch_in_flight_each() -> None:
     assert piped.output_tokens_per_s == pytest.approx(replicas.output_tokens_per_s, rel=0.15)
     with pytest.raises(ShardscopeError, match="--disaggregate"):
         serve_estimate("llama3.1-70b", gpus=16, tp=4, pp=2, disaggregate="1:1", **kw)
+
+
+def test_wide_ep_spreads_the_experts_over_data_parallel_attention_replicas() -> None:
+    """DeepSeek-V3 in FP8 on 16 H100 as one TP1 replica per GPU, the MoE layers expert-parallel over all
+    16 (vLLM's --data-parallel-size 16 --enable-expert-parallel): each GPU holds 16 of the 256 routed
+    experts and its own copy of the rest; each MoE layer moves k copies of a replica's tokens to the
+    experts' GPUs and back (all-to-all over two nodes)."""
+    spec = load_model("deepseek-v3")
+    cluster = make_cluster("H100", 16)
+    d = Deployment(spec, cluster, 1, "fp8", ep=16)
+    routed = spec.moe_layers * spec.moe.experts * spec.expert_params
+    embed = spec.embedding_params + spec.lm_head_params
+    assert weights_bytes_per_gpu(d) == pytest.approx(routed / 16 + (spec.params_total - routed - embed) + 2 * embed)
+    eng = load_engine("vllm", cluster.gpu)
+    batch = Batch(decode_seqs=64, decode_kv=64 * 1024, decode_kv_window=64 * 1024, sampled=64)
+    two_nodes = IterationCost(d, eng).time_s(batch)
+    fabric = replace(cluster, scaleout_gbps=1e6)  # a network that costs nothing
+    assert IterationCost(replace(d, cluster=fabric), eng).time_s(batch) < 0.95 * two_nodes
+    r = serve_estimate("deepseek-v3", gpu="H100", gpus=16, tp=1, ep=16, num_prompts=64, input_len=512, output_len=32)
+    assert (r.dp, r.ep, r.precision) == (16, 16, "fp8") and r.output_tokens_per_s > 0
+    for tp, ep in ((2, 3), (1, 32)):
+        with pytest.raises(ShardscopeError, match="--ep"):
+            serve_estimate("deepseek-v3", gpu="H100", gpus=16, tp=tp, ep=ep, num_prompts=8)

@@ -500,7 +500,9 @@ def serve(
     gpus: Gpus = 8,
     tp: Annotated[int, typer.Option(help="tensor-parallel size of one replica")] = 1,
     pp: Annotated[int, typer.Option(help="pipeline stages of one replica (a batch in flight per stage)")] = 1,
-    ep: Annotated[int, typer.Option(help="MoE: expert-parallel size within a replica (1 or --tp)")] = 1,
+    ep: Annotated[
+        int, typer.Option(help="MoE: expert-parallel size: 1, --tp, or a multiple spanning replicas (wide EP)")
+    ] = 1,
     engine: Annotated[str, typer.Option(help="serving engine: vllm | sglang | trtllm (NAME[@RELEASE])")] = "vllm",
     precision: Annotated[
         str, typer.Option(help="weight format: auto (the checkpoint's) | bf16 | fp8 | nvfp4 | mxfp4 | w4a16")

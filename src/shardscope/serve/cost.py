@@ -50,14 +50,18 @@ class Deployment:
     """A model on one TP group of a cluster, with weight and KV-cache precisions. `ep` = `tp` runs the MoE
     layers expert-parallel over the same GPUs (vLLM's `--enable-expert-parallel` with one data-parallel
     rank): each GPU holds experts/ep whole experts instead of a 1/tp slice of every expert; attention stays
-    TP-sharded and the MoE output is still all-reduced, so weights and communication are unchanged."""
+    TP-sharded and the MoE output is still all-reduced, so weights and communication are unchanged.
+    `ep` a larger multiple of `tp` is wide EP over data-parallel attention (vLLM's `--data-parallel-size`
+    with `--enable-expert-parallel`, SGLang's `--enable-dp-attention`): ep/tp replicas, each with its own
+    requests and KV, run the MoE layers together, each GPU holding experts/ep experts; a replica's tokens
+    go to the experts' GPUs and back by all-to-all. The replicas are taken to run batches of one size."""
 
     model: ModelSpec
     cluster: Cluster
     tp: int
     precision: str = "bf16"  # the weights' format (`models.quant.WEIGHT_FORMATS`)
     kv_dtype_bytes: int = 2
-    ep: int = 1  # 1 or tp
+    ep: int = 1  # 1, tp, or a multiple of tp (wide EP over ep/tp replicas)
     pp: int = 1  # pipeline stages of a replica, each `stage_layers` consecutive layers
 
     @property
@@ -109,16 +113,19 @@ def weights_bytes_per_gpu(d: Deployment) -> float:
     so), all split over TP (vLLM shards the vocabulary too)."""
     m = d.model
     embed = m.embedding_params + m.lm_head_params
-    quantized = m.params_total - embed
-    if d.experts_only:
-        quantized = m.moe_layers * m.moe.experts * m.expert_params if m.moe else 0
-    body = quantized * d.weight_format.bytes + (m.params_total - quantized - embed) * ACT_BYTES
+    routed = m.moe_layers * m.moe.experts * m.expert_params if m.moe else 0
+    fmt = d.weight_format.bytes
+    # routed experts split over max(tp, ep) GPUs, the rest over TP
+    body = (
+        routed * fmt / max(d.tp, d.ep)
+        + (m.params_total - routed - embed) * (ACT_BYTES if d.experts_only else fmt) / d.tp
+    )
     if d.pp == 1:
-        return (body + embed * ACT_BYTES) / d.tp
+        return body + embed * ACT_BYTES / d.tp
     # Pipelined: a stage holds its layers, the first the embedding, the last the LM head (its own copy of
     # a tied embedding); the most loaded is a stage of `stage_layers` with the larger end
     ends = max(m.embedding_params, m.lm_head_params or m.embedding_params) * ACT_BYTES
-    return (body * d.stage_layers / m.layers + ends) / d.tp
+    return body * d.stage_layers / m.layers + ends / d.tp
 
 
 def kv_bytes_per_token(d: Deployment) -> float:
@@ -230,6 +237,7 @@ class IterationCost:
         self.dense_gemm, self.expert_gemm = self.d.gemm(experts=False), self.d.gemm(experts=True)
         self.tp_group = place_group(self.d.cluster, tp, 1)
         self.pp_group = place_group(self.d.cluster, self.d.pp, tp)
+        self.ep_group = place_group(self.d.cluster, self.d.ep, 1)
 
     def _linear_s(self, tokens: int, sampled: int) -> float:
         """GEMMs, MoE experts, LM head and TP all-reduces of one forward over `tokens` tokens."""
@@ -248,8 +256,10 @@ class IterationCost:
             )
         if self.moe_layers and m.moe is not None:
             moe = m.moe
-            hit = expected_experts_hit(moe.experts, moe.top_k, tokens)
-            rows = max(1, math.ceil(tokens * moe.top_k / max(1, round(hit))))  # tokens per touched expert
+            # wide EP: the experts see the tokens of every replica of the EP group
+            routed = tokens * max(1, self.d.ep // tp)
+            hit = expected_experts_hit(moe.experts, moe.top_k, routed)
+            rows = max(1, math.ceil(routed * moe.top_k / max(1, round(hit))))  # tokens per touched expert
             groups = max(1, round(hit))
             if (ep := self.d.ep) > 1:
                 # EP: each GPU runs the touched experts among its experts/ep, whole; the busiest GPU sets the
@@ -257,8 +267,11 @@ class IterationCost:
                 # sqrt(2 ln ep) standard deviations (Gaussian extreme), at most E/ep
                 n, q = moe.experts / ep, hit / moe.experts
                 groups = max(1, round(min(n, n * q + math.sqrt(n * q * (1 - q) * 2 * math.log(ep)))))
-            fe = max(1, moe.expert_ffn // (tp // self.d.ep))
+            fe = moe.expert_ffn if self.d.ep >= tp else max(1, moe.expert_ffn // (tp // self.d.ep))
             layer = gemm_s(gpu, tokens, moe.experts, h, "bf16")  # router
+            if self.d.ep > tp:  # dispatch and combine: k copies of each token to the experts' GPUs and back
+                copies = tokens * moe.top_k * h * ACT_BYTES
+                layer += 2 * collective_time_s(self.d.cluster, "all_to_all", copies, self.ep_group)
             layer += gemm_s(gpu, rows, (mats - 1) * fe, h, pe, groups, we) + gemm_s(gpu, rows, h, fe, pe, groups, we)
             if moe.shared_experts:
                 fs = max(1, moe.shared_experts * moe.shared_ffn // tp)

@@ -162,7 +162,9 @@ def serve_estimate(
         )
     if tp > cluster.scaleup_domain:
         raise ShardscopeError(f"--tp {tp} spans more GPUs than one NVLink domain ({cluster.scaleup_domain})")
-    check_ep(spec, tp, ep)
+    check_ep(spec, tp, ep, gpus // (tp * pp))
+    if ep > tp and disaggregate:
+        raise ShardscopeError("--disaggregate runs EP within a replica (--ep 1 or --tp)")
     kv_dtype = eng.kv_dtype(kv_dtype, precision)
     spec = eng.serving_model(spec)
     d = Deployment(spec, cluster, tp, precision, 1 if kv_dtype == "fp8" else 2, ep, pp)
@@ -259,15 +261,19 @@ def _schedulers(reqs: list[Request], n: int) -> list[list[int]]:
     return [idx for idx in route(reqs, n) if idx]
 
 
-def check_ep(spec: ModelSpec, tp: int, ep: int) -> None:
-    """EP within a replica, as vLLM runs `--enable-expert-parallel` at one data-parallel rank: EP = TP, on a
-    MoE model whose experts split evenly."""
+def check_ep(spec: ModelSpec, tp: int, ep: int, replicas: int = 1) -> None:
+    """EP on a MoE model whose experts split evenly: within a replica (EP = TP, vLLM's
+    `--enable-expert-parallel` at one data-parallel rank) or wide, over ep/tp of the `replicas` (a multiple
+    of TP that divides tp x replicas)."""
     if ep == 1:
         return
     if spec.moe is None:
         raise ShardscopeError(f"--ep {ep}: {spec.name} has no experts (EP applies to MoE models)")
-    if ep != tp:
-        raise ShardscopeError(f"--ep {ep}: expert parallelism within a replica spans its TP group (valid: 1, {tp})")
+    if ep % tp or (tp * replicas) % ep:
+        raise ShardscopeError(
+            f"--ep {ep}: expert parallelism spans the TP group of a replica or of several (valid: a multiple of "
+            f"--tp {tp} dividing the {tp * replicas} GPUs of the replicas)"
+        )
     if spec.moe.experts % ep:
         raise ShardscopeError(f"--ep {ep} does not divide the {spec.moe.experts} experts of {spec.name}")
 
