@@ -180,15 +180,17 @@ def test_bad_input_is_one_line_exit_2(args: list[str], needle: str) -> None:
 
 
 def test_moe_model_gets_expert_parallel_plans() -> None:
-    """qwen3-30b-a3b (128 experts): EP = TP is searched at every TP > 1, EP plans meet the SLOs when
-    re-simulated, and EP changes the simulated step (whole experts per GPU, not slices)."""
+    """qwen3-30b-a3b (128 experts): EP = TP is searched at every TP > 1 and EP over all the replicas (wide
+    EP) wherever there are several; EP plans meet the SLOs when re-simulated, and EP changes the simulated
+    step (whole experts per GPU, not slices)."""
     kw = dict(model="qwen3-30b-a3b", gpu="H100", gpus=8, rate=20.0, num_prompts=300, slo_ttft_ms=500.0,
               slo_tpot_ms=15.0, top=10)  # fmt: skip
     result = serve_plan(**kw)
     ep_plans = [p for p in result.plans if p.ep > 1]
     assert ep_plans, [(p.tp, p.ep) for p in result.plans]
+    assert any(p.ep > p.tp for p in ep_plans)
     for p in ep_plans:
-        assert p.ep == p.tp
+        assert p.ep in (p.tp, p.tp * p.replicas)
         r = _resimulate(p, kw)
         assert r.ep == p.ep and r.tpot.p90_ms <= 15.0 and r.ttft.p90_ms <= 500.0
         assert r.tpot.p90_ms == pytest.approx(p.tpot_p90_ms, rel=1e-12)
@@ -197,6 +199,7 @@ def test_moe_model_gets_expert_parallel_plans() -> None:
     assert with_ep.tpot.p90_ms != tp_only.tpot.p90_ms
     assert with_ep.memory.kv_blocks == tp_only.memory.kv_blocks  # same weights per GPU
     assert ep_sizes(load_model("llama3.1-70b"), 8) == (1,)
+    assert ep_sizes(load_model("qwen3-30b-a3b"), 2, 4) == (1, 2, 8)
 
 
 def test_ep_in_serve_is_checked() -> None:

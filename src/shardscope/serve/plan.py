@@ -206,7 +206,7 @@ def _shape(
 ) -> _Shape:  # fmt: skip
     """A deployment shape's closed-form bounds (TTFT, decode step, request rate). With a cached shared prefix
     (`cached` tokens) the bounds count only what a request computes and holds of its own: still bounds."""
-    cluster = make_cluster(gpu, tp)
+    cluster = make_cluster(gpu, max(tp, ep))  # wide EP: the experts spread over ep/tp replicas
     e = replace(eng, max_num_seqs=seqs)
     d = Deployment(spec, cluster, tp, precision, kv_bytes, ep)
     mem = memory_plan(d, e)
@@ -303,12 +303,17 @@ def serve_plan(
     tps = tp_sizes(spec.heads, gpus, cluster.scaleup_domain)
     if not tps:
         raise ShardscopeError(f"{spec.name}: no TP size up to {gpus} divides its {spec.heads} attention heads")
-    shapes = {
-        (tp, ep, s): _shape(spec, gpu, tp, ep, eng, s, precision, kv_bytes, reqs, cached)
-        for tp in tps
-        for ep in ep_sizes(spec, tp)
-        for s in ladder
-    }
+    shapes: dict[tuple[int, int, int], _Shape] = {}
+
+    def shape(tp: int, ep: int, s: int) -> _Shape:
+        if (key := (tp, ep, s)) not in shapes:
+            shapes[key] = _shape(spec, gpu, tp, ep, eng, s, precision, kv_bytes, reqs, cached)
+        return shapes[key]
+
+    for tp in tps:  # every replica shape within a TP group (wide EP's come with the GPU counts that hold them)
+        for ep in ep_sizes(spec, tp):
+            for s in ladder:
+                shape(tp, ep, s)
     counts = gpu_counts(gpus, cluster.gpus_per_node)
     common = dict(
         gpu=gpu, engine=engine, num_prompts=num_prompts, precision=precision, kv_dtype=kv_dtype, rate=rate,
@@ -327,11 +332,11 @@ def serve_plan(
         layouts = [(tp, r, p) for tp in tps if g % tp == 0 for r in [g // tp] for p in range(r if disaggregate else 1)]
         stop = goodput_bound / g < kth()
         for tp, r, p in layouts:
-            for ep in ep_sizes(spec, tp):
+            for ep in ep_sizes(spec, tp, 1 if p else r):
                 prev: ServeResult | None = None
                 st["deployments"] += len(ladder)
                 for s in ladder:
-                    sh = shapes[(tp, ep, s)]
+                    sh = shape(tp, ep, s)
                     if stop:
                         st["pruned_goodput_bound"] += 1
                         continue
@@ -384,12 +389,14 @@ def serve_plan(
     )  # fmt: skip
 
 
-def ep_sizes(spec: ModelSpec, tp: int) -> tuple[int, ...]:
-    """Expert-parallel sizes `serve` simulates at this TP: 1 (every expert TP-sharded) and, for a MoE model
-    whose experts split evenly, EP = TP within the replica (`check_ep`)."""
-    if spec.moe is None or tp == 1 or spec.moe.experts % tp:
+def ep_sizes(spec: ModelSpec, tp: int, replicas: int = 1) -> tuple[int, ...]:
+    """Expert-parallel sizes `serve` simulates at this TP for a MoE model whose experts split evenly
+    (`check_ep`): 1 (every expert TP-sharded), EP = TP within the replica, and with several replicas EP
+    over all of them (wide EP over data-parallel attention)."""
+    if spec.moe is None:
         return (1,)
-    return (1, tp)
+    sizes = [1] + [ep for ep in (tp, tp * replicas) if ep > 1 and spec.moe.experts % ep == 0]
+    return tuple(dict.fromkeys(sizes))
 
 
 def _same(a: ServeResult, b: ServeResult, rel: float = 2e-3) -> bool:
