@@ -16,6 +16,7 @@ from shardscope.hardware.catalog import load_gpu
 from shardscope.models.catalog import load_model
 from shardscope.serve.engine import load_engine
 from shardscope.serve.estimate import serve_estimate
+from shardscope.serve.export import serve_launch
 from shardscope.serve.plan import NoPlan, _shape, ep_sizes, gpu_counts, serve_plan, tp_sizes
 from shardscope.serve.workload import make_requests
 
@@ -31,7 +32,7 @@ def loose():
 
 def _resimulate(p, plan_kwargs: dict):
     return serve_estimate(
-        plan_kwargs["model"], gpu=plan_kwargs["gpu"], gpus=p.gpus, tp=p.tp, ep=p.ep, rate=plan_kwargs["rate"],
+        plan_kwargs["model"], gpu=plan_kwargs["gpu"], gpus=p.gpus, tp=p.tp, pp=p.pp, ep=p.ep, rate=plan_kwargs["rate"],
         num_prompts=plan_kwargs["num_prompts"], max_num_seqs=p.max_num_seqs, disaggregate=p.disaggregate,
         slo_ttft_ms=plan_kwargs["slo_ttft_ms"], slo_tpot_ms=plan_kwargs["slo_tpot_ms"],
     )  # fmt: skip
@@ -263,3 +264,17 @@ def test_serve_plan_searches_with_a_cached_shared_prefix() -> None:
         num_prompts=200, max_num_seqs=best.max_num_seqs, prefix_len=1536,
     )  # fmt: skip
     assert again.ttft.p90_ms == pytest.approx(best.ttft_p90_ms)
+
+
+def test_a_model_no_node_holds_gets_pipelined_plans() -> None:
+    """Llama-3.1-405B in BF16 fits no TP group of one 8-GPU H100 node: the search adds pipeline stages and
+    finds TP8 x PP2 on 16 GPUs, whose plan re-simulates to the same numbers; its export is refused in one line."""
+    kw = dict(model="llama3.1-405b", gpu="H100", gpus=16, rate=1.0, num_prompts=200, slo_ttft_ms=3000.0,
+              slo_tpot_ms=100.0, top=3)  # fmt: skip
+    result = serve_plan(**kw)
+    best = result.plans[0]
+    assert (best.tp, best.pp, best.gpus) == (8, 2, 16) and "--pp 2" in best.serve_command
+    again = _resimulate(best, kw)
+    assert again.tpot.p90_ms == pytest.approx(best.tpot_p90_ms, rel=1e-12)
+    with pytest.raises(ShardscopeError, match="pipelined plan"):
+        serve_launch(result, "llama3.1-405b")

@@ -244,6 +244,11 @@ def serve_launch(result, model: str, plan_index: int = 0) -> ServeExport:
     known = bool(repo) and repo != "None"
     model_arg = repo if known else "$MODEL"
     moe = spec.moe is not None
+    if p.pp > 1:
+        raise ShardscopeError(
+            f"--export {rel.label}: a pipelined plan (PP{p.pp}) is not written yet; its `shardscope serve` "
+            "command is in the plan"
+        )
     if p.ep > p.tp:
         raise ShardscopeError(
             f"--export {rel.label}: a wide-EP plan (EP{p.ep} over {p.replicas} replicas of TP{p.tp}) is not "

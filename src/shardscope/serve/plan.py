@@ -67,6 +67,7 @@ class ServePlan:
     max_kv_usage: float
     preemptions: int
     serve_command: str  # the `shardscope serve` line that reproduces it
+    pp: int = 1  # pipeline stages of a replica
 
     @property
     def disaggregate(self) -> str | None:
@@ -136,6 +137,7 @@ class _Shape:
     prefill_rps: float  # a prefill-only replica's
     decode_rps: float  # a decode-only replica's
     transfer_s: float  # KV of one p90-length prompt from a prefill to a decode replica
+    pp: int = 1
 
 
 class NoPlan(ShardscopeError):
@@ -202,18 +204,20 @@ def cost_kv_tokens(cost: IterationCost) -> int:
 
 def _shape(
     spec: ModelSpec, gpu: str, tp: int, ep: int, eng, seqs: int, precision: str, kv_bytes: int, reqs: list[Request],
-    cached: int = 0,
+    cached: int = 0, pp: int = 1,
 ) -> _Shape:  # fmt: skip
     """A deployment shape's closed-form bounds (TTFT, decode step, request rate). With a cached shared prefix
-    (`cached` tokens) the bounds count only what a request computes and holds of its own: still bounds."""
-    cluster = make_cluster(gpu, max(tp, ep))  # wide EP: the experts spread over ep/tp replicas
+    (`cached` tokens) the bounds count only what a request computes and holds of its own: still bounds. A
+    pipelined replica's rate is bounded by PP of its passes at once, each with the whole KV pool and limit
+    (its batches in flight share them: looser, still a bound)."""
+    cluster = make_cluster(gpu, max(tp * pp, ep))  # wide EP: the experts spread over ep/tp replicas
     e = replace(eng, max_num_seqs=seqs)
-    d = Deployment(spec, cluster, tp, precision, kv_bytes, ep)
+    d = Deployment(spec, cluster, tp, precision, kv_bytes, ep, pp)
     mem = memory_plan(d, e)
     longest = max(r.input_len + r.output_len for r in reqs)
-    fits = mem.kv_blocks >= 1 and longest <= mem.kv_tokens
+    fits = mem.kv_blocks >= 1 and longest * pp <= mem.kv_tokens
     if not fits:
-        return _Shape(tp, ep, seqs, False, mem.weights_gib, math.inf, math.inf, 0.0, 0.0, 0.0, math.inf)
+        return _Shape(tp, ep, seqs, False, mem.weights_gib, math.inf, math.inf, 0.0, 0.0, 0.0, math.inf, pp)
     cost = IterationCost(d, e)
     p90_in = math.ceil(percentile(sorted(r.input_len for r in reqs), PERCENTILE))
     alone = simulate_replica([Request(0.0, max(1, p90_in - cached), 1)], cost, e, mem.kv_blocks)
@@ -225,8 +229,8 @@ def _shape(
     mean_out = sum(r.output_len for r in reqs) / len(reqs)
     colocated, prefill, dec = _capacity(cost, e.max_num_batched_tokens, seqs, mean_in, mean_out)
     return _Shape(
-        tp, ep, seqs, True, mem.weights_gib, alone.first_token_s[0], decode, colocated, prefill, dec,
-        kv_transfer_s(d, p90_in),
+        tp, ep, seqs, True, mem.weights_gib, alone.first_token_s[0], decode, pp * colocated, pp * prefill,
+        pp * dec, kv_transfer_s(d, p90_in), pp,
     )  # fmt: skip
 
 
@@ -303,17 +307,21 @@ def serve_plan(
     tps = tp_sizes(spec.heads, gpus, cluster.scaleup_domain)
     if not tps:
         raise ShardscopeError(f"{spec.name}: no TP size up to {gpus} divides its {spec.heads} attention heads")
-    shapes: dict[tuple[int, int, int], _Shape] = {}
+    shapes: dict[tuple[int, int, int, int], _Shape] = {}
 
-    def shape(tp: int, ep: int, s: int) -> _Shape:
-        if (key := (tp, ep, s)) not in shapes:
-            shapes[key] = _shape(spec, gpu, tp, ep, eng, s, precision, kv_bytes, reqs, cached)
+    def shape(tp: int, ep: int, s: int, pp: int = 1) -> _Shape:
+        if (key := (tp, ep, s, pp)) not in shapes:
+            shapes[key] = _shape(spec, gpu, tp, ep, eng, s, precision, kv_bytes, reqs, cached, pp)
         return shapes[key]
 
     for tp in tps:  # every replica shape within a TP group (wide EP's come with the GPU counts that hold them)
         for ep in ep_sizes(spec, tp):
             for s in ladder:
                 shape(tp, ep, s)
+    # Pipeline stages only where no TP group within a node holds the model (a pass then crosses stages)
+    pps = [1]
+    if not any(sh.fits for sh in shapes.values()):
+        pps += [q for q in (2, 4, 8) if q <= spec.layers and tps[-1] * q <= gpus]
     counts = gpu_counts(gpus, cluster.gpus_per_node)
     common = dict(
         gpu=gpu, engine=engine, num_prompts=num_prompts, precision=precision, kv_dtype=kv_dtype, rate=rate,
@@ -329,14 +337,21 @@ def serve_plan(
         return found[top - 1].goodput_requests_per_s_per_gpu if len(found) >= top else -math.inf
 
     for g in counts:
-        layouts = [(tp, r, p) for tp in tps if g % tp == 0 for r in [g // tp] for p in range(r if disaggregate else 1)]
+        layouts = [
+            (tp, pp, r, p)
+            for pp in pps
+            for tp in tps
+            if g % (tp * pp) == 0
+            for r in [g // (tp * pp)]
+            for p in range(r if disaggregate and pp == 1 else 1)
+        ]
         stop = goodput_bound / g < kth()
-        for tp, r, p in layouts:
-            for ep in ep_sizes(spec, tp, 1 if p else r):
+        for tp, pp, r, p in layouts:
+            for ep in ep_sizes(spec, tp, 1 if p or pp > 1 else r):
                 prev: ServeResult | None = None
                 st["deployments"] += len(ladder)
                 for s in ladder:
-                    sh = shape(tp, ep, s)
+                    sh = shape(tp, ep, s, pp)
                     if stop:
                         st["pruned_goodput_bound"] += 1
                         continue
@@ -358,12 +373,12 @@ def serve_plan(
                     if goodput_bound / g < kth():
                         st["pruned_goodput_bound"] += 1
                         continue
-                    kw = dict(common, gpus=g, tp=tp, ep=ep, max_num_seqs=s, disaggregate=dis)
+                    kw = dict(common, gpus=g, tp=tp, pp=pp, ep=ep, max_num_seqs=s, disaggregate=dis)
                     if n_screen < num_prompts:
                         st["screened"] += 1
                         quick = serve_estimate(model, **{**kw, "num_prompts": n_screen})
                         if not _meets(quick, slo_ttft_ms, slo_tpot_ms, SCREEN_SLACK):
-                            closest = _nearer(closest, quick, slo_ttft_ms, slo_tpot_ms, tp, ep, r, dis, s)
+                            closest = _nearer(closest, quick, slo_ttft_ms, slo_tpot_ms, tp, ep, r, dis, s, pp)
                             continue
                     res = serve_estimate(model, **kw)
                     st["simulated"] += 1
@@ -371,10 +386,10 @@ def serve_plan(
                         break  # the limit no longer binds: larger ones run the same
                     prev = res
                     if not _meets(res, slo_ttft_ms, slo_tpot_ms):
-                        closest = _nearer(closest, res, slo_ttft_ms, slo_tpot_ms, tp, ep, r, dis, s)
+                        closest = _nearer(closest, res, slo_ttft_ms, slo_tpot_ms, tp, ep, r, dis, s, pp)
                         continue
                     st["met"] += 1
-                    found.append(_plan(res, g, tp, ep, r, p, s, model, common))
+                    found.append(_plan(res, g, tp, ep, r, p, s, model, common, pp))
                     found.sort(key=_rank)
     searched = Searched(**st)
     if not found:
@@ -420,14 +435,14 @@ def _rank(p: ServePlan) -> tuple:
     return (-p.goodput_requests_per_s_per_gpu, p.gpus, p.tpot_p90_ms, p.ttft_p90_ms, p.max_num_seqs)
 
 
-def _label(tp: int, ep: int, r: int, dis: str | None, s: int) -> str:
+def _label(tp: int, ep: int, r: int, dis: str | None, s: int, pp: int = 1) -> str:
     layout = f"P:D {dis}" if dis else f"{r} replica{'s' if r > 1 else ''}"
-    return f"TP{tp}{f' EP{ep}' if ep > 1 else ''} x {layout}, max seqs {s}"
+    return f"TP{tp}{f' PP{pp}' if pp > 1 else ''}{f' EP{ep}' if ep > 1 else ''} x {layout}, max seqs {s}"
 
 
 def _nearer(
     closest: tuple[float, str] | None, res: ServeResult, slo_ttft_ms: float | None, slo_tpot_ms: float | None,
-    tp: int, ep: int, r: int, dis: str | None, s: int,
+    tp: int, ep: int, r: int, dis: str | None, s: int, pp: int = 1,
 ) -> tuple[float, str]:  # fmt: skip
     ex = _excess(res, slo_ttft_ms, slo_tpot_ms)
     if closest is not None and closest[0] <= ex:
@@ -437,15 +452,19 @@ def _nearer(
         parts.append(f"TTFT p90 {res.ttft.p90_ms:,.1f} ms")
     if slo_tpot_ms is not None:
         parts.append(f"TPOT p90 {res.tpot.p90_ms:,.1f} ms")
-    return ex, f"the closest, {_label(tp, ep, r, dis, s)} on {res.gpus} GPUs, runs {' and '.join(parts)}"
+    return ex, f"the closest, {_label(tp, ep, r, dis, s, pp)} on {res.gpus} GPUs, runs {' and '.join(parts)}"
 
 
-def _plan(res: ServeResult, g: int, tp: int, ep: int, r: int, p: int, s: int, model: str, common: dict) -> ServePlan:
+def _plan(
+    res: ServeResult, g: int, tp: int, ep: int, r: int, p: int, s: int, model: str, common: dict, pp: int = 1
+) -> ServePlan:
     goodput = res.goodput_requests_per_s or 0.0
     cmd = (
         f"shardscope serve {model} --gpu {common['gpu']} --gpus {g} --tp {tp} --engine {common['engine']} "
         f"--rate {common['rate']:g} --max-num-seqs {s}"
     )
+    if pp > 1:
+        cmd += f" --pp {pp}"
     if ep > 1:
         cmd += f" --ep {ep}"
     if common["num_prompts"] != 1000:
@@ -474,7 +493,7 @@ def _plan(res: ServeResult, g: int, tp: int, ep: int, r: int, p: int, s: int, mo
         goodput_pct=100.0 * goodput / res.requests_per_s if res.requests_per_s else 0.0,
         ttft_p90_ms=res.ttft.p90_ms, tpot_p90_ms=res.tpot.p90_ms, ttft_p99_ms=res.ttft.p99_ms,
         tpot_p99_ms=res.tpot.p99_ms, e2e_p90_ms=res.e2e.p90_ms, max_kv_usage=res.max_kv_usage,
-        preemptions=res.preemptions, serve_command=cmd,
+        preemptions=res.preemptions, serve_command=cmd, pp=pp,
     )  # fmt: skip
 
 

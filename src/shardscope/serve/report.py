@@ -88,8 +88,9 @@ def print_serve_plan(r: ServePlanResult, console: Console | None = None) -> None
     for col in (*cols, "goodput %"):
         table.add_column(col, justify="right")
     for i, p in enumerate(r.plans, 1):
+        tp = f"{p.tp} (PP{p.pp})" if p.pp > 1 else str(p.tp)  # a pipelined replica: TP x PP GPUs
         table.add_row(
-            str(i), str(p.gpus), str(p.tp), str(p.ep), str(p.replicas), p.disaggregate or "-", str(p.max_num_seqs),
+            str(i), str(p.gpus), tp, str(p.ep), str(p.replicas), p.disaggregate or "-", str(p.max_num_seqs),
             f"{p.goodput_requests_per_s:,.2f}", f"{p.goodput_requests_per_s_per_gpu:,.3f}",
             f"{p.ttft_p90_ms:,.1f} ms", f"{p.tpot_p90_ms:,.1f} ms", f"{p.goodput_pct:.1f}",
         )  # fmt: skip
