@@ -299,3 +299,26 @@ def test_export_refuses_a_4bit_format_the_checkpoint_is_not_stored_in():
     res = fake_result("llama3.1-8b", ENGINES[0], 1, 1, precision="nvfp4")
     with pytest.raises(ShardscopeError, match="nvfp4 weights load from a checkpoint stored so"):
         serve_launch(res, "llama3.1-8b")
+
+
+def test_a_wide_ep_plan_is_one_data_parallel_server_over_its_nodes() -> None:
+    """vLLM: EP16 over 16 TP1 replicas on two nodes is one server of --data-parallel-size 16 with
+    --enable-expert-parallel, 8 ranks a node; node 1 joins node 0 headless from rank 8. Every option is in
+    the release's list. SGLang's export does not write it and says so in one line."""
+    res = fake_result("qwen3-30b-a3b", "vllm@0.33.0", 16, 1, ep=16, replicas=16)
+    script = serve_export(res, "vllm", "qwen3-30b-a3b")
+    _, flags, _ = option_list("vllm")
+    servers = [argv for _, argv in commands(script)]
+    assert len(servers) == 2
+    for node, argv in enumerate(servers):
+        assert all(a in flags for a in argv if a.startswith("--"))
+        assert value(argv, "--data-parallel-size") == "16" and value(argv, "--enable-expert-parallel") == ""
+        assert value(argv, "--data-parallel-size-local") == "8" and value(argv, "--tensor-parallel-size") == "1"
+        assert value(argv, "--data-parallel-address") == "$HEAD_ADDR"
+        assert (value(argv, "--headless") is not None) == (node == 1)
+    assert value(servers[1], "--data-parallel-start-rank") == "8" and "HEAD_ADDR=" in script
+    launch = serve_launch(res, "qwen3-30b-a3b")
+    assert sum(len(s.devices) for s in launch.servers) == 16 and "load balancer" not in script
+    sglang = fake_result("qwen3-30b-a3b", "sglang@0.5.23", 16, 1, ep=16, replicas=16)
+    with pytest.raises(ShardscopeError, match="wide-EP plan"):
+        serve_launch(sglang, "qwen3-30b-a3b")

@@ -46,6 +46,10 @@ class EngineRelease:
     dp: str = ""  # the option running several independent replicas in one server; "" : one server a replica
     dp_dense_only: bool = False  # only a dense model's DP ranks are independent replicas
     disagg: str = ""  # how prefill/decode pools are launched: "kv-transfer" | "mode"; "" : not in this release
+    # Wide EP (the MoE layers over several replicas' GPUs): the options of one data-parallel server spanning
+    # nodes, (ranks on this node, first rank of this node, the head's address, its RPC port, a node that
+    # serves no API); () : not written for this release
+    wide_ep: tuple[str, ...] = ()
     # (what: options | replicas | ep | disagg, the engine's code that decides it)
     sources: tuple[tuple[str, str], ...] = ()
     missing: dict[str, str] = field(default_factory=dict)  # feature -> why this release cannot write it
@@ -79,6 +83,13 @@ RELEASES: dict[str, dict[str, EngineRelease]] = {
             dp="--data-parallel-size",
             dp_dense_only=True,
             disagg="kv-transfer",
+            wide_ep=(
+                "--data-parallel-size-local",
+                "--data-parallel-start-rank",
+                "--data-parallel-address",
+                "--data-parallel-rpc-port",
+                "--headless",
+            ),  # fmt: skip
             sources=(
                 (
                     "options",
@@ -94,6 +105,13 @@ RELEASES: dict[str, dict[str, EngineRelease]] = {
                 (
                     "ep",
                     "--enable-expert-parallel with no --data-parallel-size: EP = TP within the replica "
+                    "(vllm/engine/arg_utils.py)",
+                ),
+                (
+                    "wide-ep",
+                    "--enable-expert-parallel with --data-parallel-size R: the MoE layers over all R x TP GPUs; "
+                    "across nodes one server a node, --data-parallel-size-local ranks each, the later nodes "
+                    "--headless from --data-parallel-start-rank, all reaching node 0 at --data-parallel-address "
                     "(vllm/engine/arg_utils.py)",
                 ),
                 (
@@ -145,7 +163,10 @@ RELEASES: dict[str, dict[str, EngineRelease]] = {
     },
 }
 
-NOTE_LABELS = {"options": "options", "replicas": "replicas", "ep": "expert parallel", "disagg": "P/D disaggregation"}
+NOTE_LABELS = {
+    "options": "options", "replicas": "replicas", "ep": "expert parallel", "wide-ep": "wide expert parallel",
+    "disagg": "P/D disaggregation",
+}  # fmt: skip
 
 # Engines whose launch options could not be read from a release here: refused, never written unchecked
 UNCHECKED = {
@@ -193,7 +214,7 @@ def export_release(spec: str, engine_release: str) -> EngineRelease:
 class Server:
     """One engine server of the launch: where it runs, its role and its command line."""
 
-    role: str  # "serve" | "prefill" | "decode"
+    role: str  # "serve" | "prefill" | "decode" | "headless" (a node of a data-parallel server serving no API)
     node: int
     devices: tuple[int, ...]  # GPU indices on its node (CUDA_VISIBLE_DEVICES)
     port: int
@@ -249,10 +270,10 @@ def serve_launch(result, model: str, plan_index: int = 0) -> ServeExport:
             f"--export {rel.label}: a pipelined plan (PP{p.pp}) is not written yet; its `shardscope serve` "
             "command is in the plan"
         )
-    if p.ep > p.tp:
+    if p.ep > p.tp and not rel.wide_ep:
         raise ShardscopeError(
             f"--export {rel.label}: a wide-EP plan (EP{p.ep} over {p.replicas} replicas of TP{p.tp}) is not "
-            "written yet; its `shardscope serve` command is in the plan"
+            "written for this engine; its `shardscope serve` command is in the plan"
         )
     if p.ep > 1 and rel.ep is None:
         raise ShardscopeError(f"--export {rel.label}: {rel.missing.get('ep', 'no expert-parallel option')}")
@@ -283,7 +304,9 @@ def serve_launch(result, model: str, plan_index: int = 0) -> ServeExport:
     servers: list[Server] = []
     one_server_per_node = not p.prefill_replicas and rel.dp and (not rel.dp_dense_only or not moe)
     nodes = math.ceil(p.gpus / per_node)
-    if one_server_per_node:  # the release runs independent replicas under one server: one per node
+    if p.ep > p.tp:  # one data-parallel server over every replica, a node's ranks each
+        servers = _wide_ep_servers(rel, head, common, p.replicas, replicas_per_node, p.tp, nodes)
+    elif one_server_per_node:  # the release runs independent replicas under one server: one per node
         for node in range(nodes):
             local = min(replicas_per_node, p.replicas - node * replicas_per_node)
             argv = [*head, *common]
@@ -305,10 +328,37 @@ def serve_launch(result, model: str, plan_index: int = 0) -> ServeExport:
                 if nodes > 1:
                     env.append(("VLLM_NIXL_SIDE_CHANNEL_HOST", "$NODE_HOST"))
             servers.append(Server(role, node, devices, port, tuple(env), tuple(argv)))
-    wanted = {"options", *(["replicas"] if p.replicas > 1 else []), *(["ep"] if p.ep > 1 else [])}
+    if p.ep > p.tp:
+        wanted = {"options", "wide-ep"}
+    else:
+        wanted = {"options", *(["replicas"] if p.replicas > 1 else []), *(["ep"] if p.ep > 1 else [])}
     wanted |= {"disagg"} if p.prefill_replicas else set()
     notes = [f"{NOTE_LABELS[what]}: {src}" for what, src in rel.sources if what in wanted]
     return ServeExport(rel, model_arg, known, nodes, tuple(servers), tuple(notes))
+
+
+def _wide_ep_servers(
+    rel: EngineRelease, head: list[str], common: list[str], replicas: int, per_node: int, tp: int, nodes: int
+) -> list[Server]:
+    """One server a node, together `replicas` data-parallel ranks of TP `tp` whose MoE layers run over all
+    their GPUs; node 0 serves the API, the others join it headless."""
+    local_flag, start_flag, address_flag, rpc_flag, headless = rel.wide_ep
+    servers = []
+    for node in range(nodes):
+        local = min(per_node, replicas - node * per_node)
+        argv = [*head, *common, rel.dp, str(replicas)]
+        if nodes > 1:
+            argv += [local_flag, str(local), address_flag, "$HEAD_ADDR", rpc_flag, str(WIDE_EP_RPC_PORT)]
+        if node:
+            argv += [headless, start_flag, str(node * per_node)]
+        else:
+            argv += _listen(rel, nodes, rel.base_port)
+        role, port = ("headless", 0) if node else ("serve", rel.base_port)
+        servers.append(Server(role, node, tuple(range(local * tp)), port, (), tuple(argv)))
+    return servers
+
+
+WIDE_EP_RPC_PORT = 13345  # the head's data-parallel RPC port, as vLLM's data-parallel deployment guide uses
 
 
 def _memory_value(eng, hbm_gib: float) -> str:
@@ -352,6 +402,8 @@ def to_script(launch: ServeExport, header: list[str]) -> str:
         lines.append(f'NODE_RANK="${{NODE_RANK:?{FILL_IN}: this node\'s index, 0 .. {launch.nodes - 1}}}"')
         if any(dict(s.env).get("VLLM_NIXL_SIDE_CHANNEL_HOST") for s in launch.servers):
             lines.append(f'NODE_HOST="${{NODE_HOST:?{FILL_IN}: this node\'s address the other nodes reach}}"')
+        if any("$HEAD_ADDR" in s.argv for s in launch.servers):
+            lines.append(f'HEAD_ADDR="${{HEAD_ADDR:?{FILL_IN}: node 0\'s address the other nodes reach}}"')
         lines.append('case "$NODE_RANK" in')
     for node in range(launch.nodes):
         on = [s for s in launch.servers if s.node == node]
@@ -360,7 +412,8 @@ def to_script(launch: ServeExport, header: list[str]) -> str:
             lines.append(f"  {node})")
         background = len(on) > 1
         for s in on:
-            lines.append(f"{indent}# {s.role} server on GPUs {','.join(map(str, s.devices))}, port {s.port}")
+            where = f", port {s.port}" if s.port else " (joins node 0's)"
+            lines.append(f"{indent}# {s.role} server on GPUs {','.join(map(str, s.devices))}{where}")
             env = " ".join(f"{k}={_word(v)}" for k, v in s.env)
             text = _command(s.argv, indent)
             lines.append(f"{indent}{env + ' ' if env else ''}{text}{' &' if background else ''}")
