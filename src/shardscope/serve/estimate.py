@@ -73,7 +73,7 @@ class ServeResult:
     tokens_per_decode_step: float = 1.0
     disaggregate: str = ""  # "" or "P:D" (prefill:decode replicas)
     kv_transfer_s: float = 0.0  # one request's KV from a prefill to a decode replica (mean)
-    ep: int = 1  # expert-parallel size of the MoE layers within a replica (1 or tp)
+    ep: int = 1  # expert-parallel size of the MoE layers: 1, tp, or a multiple of tp over replicas (wide EP)
     prefix_len: int = 0  # prompt tokens every request shares (cached where the engine caches prefixes)
     samples: int = 1  # sequences per prompt (each a request in the counts and latencies above)
 
