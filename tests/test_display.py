@@ -44,6 +44,9 @@ def test_model_catalog_shows_experts_top_k_and_active_params():
     assert f"{spec.params_active / 1e9:,.2f}" in cells  # active parameters
     assert "256+1" in cells and "8" in cells  # routed+shared experts, top-k
     assert "expert ffn" in r.stdout and "top-k" in r.stdout
+    assert cells[-1] == "fp8"  # the checkpoint's weight format, which serving runs by default
+    oss = next(line for line in r.stdout.splitlines() if "gpt-oss-120b " in line)
+    assert "mxfp4 (experts)" in oss
 
 
 def test_training_steps_are_whole_and_cost_is_in_usd():

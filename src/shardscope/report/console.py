@@ -96,7 +96,9 @@ def print_models(console: Console | None = None) -> None:
     from shardscope.models.catalog import list_models, load_model
 
     console = console or Console()
-    table = Table(title="Model catalog (B = billions of parameters; experts: routed+shared)")
+    table = Table(
+        title="Model catalog (B = billions of parameters; experts: routed+shared; weights: the checkpoint's format)"
+    )
     columns = (
         "name",
         "params B",
@@ -110,9 +112,10 @@ def print_models(console: Console | None = None) -> None:
         "top-k",
         "vocab",
         "mlp",
+        "weights",
     )
     for col in columns:
-        table.add_column(col, justify="left" if col in ("name", "mlp") else "right", no_wrap=True)
+        table.add_column(col, justify="left" if col in ("name", "mlp", "weights") else "right", no_wrap=True)
     for name in list_models():
         m = load_model(name)
         moe = m.moe
@@ -129,6 +132,7 @@ def print_models(console: Console | None = None) -> None:
             str(moe.top_k) if moe else "-",
             str(m.vocab),
             m.mlp,
+            (m.weight_format or "bf16") + (" (experts)" if m.quantized_experts_only else ""),
         )
     print_whole(console, table)
 
