@@ -13,7 +13,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts  # noqa: E402
-from torch_reference import GPTLayer, LlamaLayer, LossHead, bf16_module, saved_activation_bytes  # noqa: E402
+from torch_reference import (  # noqa: E402
+    GPTLayer,
+    LiveBytes,
+    LlamaLayer,
+    LossHead,
+    bf16_module,
+    saved_activation_bytes,
+)
 
 from shardscope.costs.memory import (  # noqa: E402
     buffer_bytes,
@@ -247,31 +254,6 @@ def test_torchtitan_op_sac_keeps_every_other_matmul_output():
     )
 
 
-class _LiveBytes(TorchDispatchMode):
-    """The bytes of the storages ops create that are alive, and their peak (freed when PyTorch drops them)."""
-
-    def __init__(self):
-        super().__init__()
-        self.live: dict[int, int] = {}  # storage -> bytes
-        self.now = self.peak = 0
-
-    def _free(self, key: int) -> None:
-        self.now -= self.live.pop(key, 0)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        import weakref
-
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in self.live:
-                storage = t.untyped_storage()
-                self.live[storage._cdata] = storage.nbytes()
-                self.now += storage.nbytes()
-                self.peak = max(self.peak, self.now)
-                weakref.finalize(storage, self._free, storage._cdata)
-        return out
-
-
 def test_unfused_loss_backward_peak_matches_pytorch():
     """The unfused loss at its backward: the kept fp32 log-softmax, nll_loss's fp32 gradient and
     log_softmax's fp32 gradient are alive at once (torchtitan frees the bf16 logits before the backward).
@@ -281,7 +263,7 @@ def test_unfused_loss_backward_peak_matches_pytorch():
     with FakeTensorMode():
         logits = torch.randn(tokens, m.vocab, dtype=torch.bfloat16, requires_grad=True)
         targets = torch.zeros(tokens, dtype=torch.long)
-        with _LiveBytes() as live:
+        with LiveBytes() as live:
             torch.nn.functional.cross_entropy(logits.float(), targets).backward()
     plan = make_plan(m, make_cluster("H100", 1), global_batch=1, micro_batch=1, seq_len=tokens)
     graph = build_stage_graph(m, plan)

@@ -16,6 +16,7 @@ Documented CPU differences, which the tests measure separately:
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -417,3 +418,27 @@ class MLAAttention(nn.Module):
         key = torch.cat([k_nope, k_pe], dim=-1)
         out = FlashAttention.apply(query.transpose(1, 2), key.transpose(1, 2), value.contiguous().transpose(1, 2))
         return self.mlp_norm(x + self.o(out.transpose(1, 2).reshape(b, s, -1)))
+
+
+class LiveBytes(TorchDispatchMode):
+    """The bytes of the storages ops create that are alive, and their peak (a storage leaves when PyTorch
+    drops it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, int] = {}  # storage -> bytes
+        self.now = self.peak = 0
+
+    def _free(self, key: int) -> None:
+        self.now -= self.live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and (key := _storage_key(t)) not in self.live:
+                storage = t.untyped_storage()
+                self.live[key] = storage.nbytes()
+                self.now += storage.nbytes()
+                self.peak = max(self.peak, self.now)
+                weakref.finalize(storage, self._free, key)
+        return out

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from shardscope.costs.comm import collective_time_s, place_group
-from shardscope.costs.compute import gemm_time_s, memory_time_s
+from shardscope.costs.compute import OPERAND_BYTES, gemm_time_s, memory_time_s
 from shardscope.costs.efficiency import KERNEL_GAP_S, attention_fraction
 from shardscope.hardware.catalog import GPU, Cluster
 from shardscope.models.quant import WEIGHT_FORMATS, WeightFormat
@@ -201,7 +201,7 @@ def gemm_s(
     """One GEMM's time: measured (interpolated) where the GPU carries a profile that covers the shape and the
     weights are in the GEMM's own precision (`--profile`; decode-sized GEMMs run at the weights' read rate
     there), else the roofline model; `weight_bytes`: a weight's bytes where the kernel dequantizes them."""
-    own = weight_bytes is None or weight_bytes == {"fp8": 1.0, "bf16": 2.0}.get(precision)
+    own = weight_bytes is None or weight_bytes == OPERAND_BYTES.get(precision, 2.0)
     if own and gpu.profile is not None and (t := gpu.profile.gemm_s(m, n, k, precision, groups)) is not None:
         return t
     return gemm_time_s(gpu, m, n, k, precision, groups, weight_bytes)
