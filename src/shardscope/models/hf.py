@@ -1,7 +1,7 @@
 """Read a Hugging Face `config.json` into a ModelSpec.
 
 Dense: Llama 1–3.x, Mistral, Qwen2/2.5/3 (`model_type` llama/mistral/qwen2/qwen3), GPT-2 (`gpt2`),
-GPT-NeoX (`gpt_neox`), MPT (`mpt`). MoE: Mixtral (`mixtral`), Qwen3-MoE (`qwen3_moe`), DeepSeek-V2/V3,
+GPT-NeoX (`gpt_neox`), MPT (`mpt`), BLOOM (`bloom`). MoE: Mixtral (`mixtral`), Qwen3-MoE (`qwen3_moe`), DeepSeek-V2/V3,
 Moonlight and Kimi-K2 (`deepseek_v2`, `deepseek_v3`, `kimi_k2`), GLM-4.5/4.6 (`glm4_moe`), GPT-OSS
 (`gpt_oss`), Llama 4 (`llama4`, `llama4_text`). Field names are those of the transformers config classes.
 """
@@ -22,7 +22,7 @@ from shardscope.models.spec import GPT_BLOCK, MAX_LAYERS, DiTSpec, MLASpec, Mode
 LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "olmo2", "granite"}
 SUPPORTED = sorted(
     LLAMA_LIKE
-    | {"gpt2", "gpt_neox", "mpt", "mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss"}
+    | {"gpt2", "gpt_neox", "mpt", "bloom", "mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss"}
     | {"glm4_moe", "llama4", "llama4_text"}
 )
 
@@ -259,6 +259,28 @@ def _mpt(name: str, cfg: dict[str, Any]) -> ModelSpec:
     )
 
 
+def _bloom(name: str, cfg: dict[str, Any]) -> ModelSpec:
+    """BLOOM (transformers `BloomConfig`, modeling_bloom.py): GPT blocks (LayerNorm, biases, 4h GELU MLP) with
+    ALiBi and no position table, a LayerNorm after the word embedding, the output layer tied to it."""
+    hidden = _positive("hidden_size", _need(cfg, "hidden_size", "n_embed"))
+    heads = _positive("n_head", _need(cfg, "n_head", "num_attention_heads"))
+    return ModelSpec(
+        name=name,
+        hidden=hidden,
+        layers=_positive("n_layer", _need(cfg, "n_layer", "num_hidden_layers")),
+        heads=heads,
+        kv_heads=heads,
+        head_dim=_split_heads(hidden, heads, ("hidden_size", "n_head")),
+        ffn_hidden=4 * hidden,  # BloomMLP: dense_h_to_4h, not configurable
+        vocab=_positive("vocab_size", _need(cfg, "vocab_size")),
+        **GPT_BLOCK,
+        tied_embeddings=True,  # BloomForCausalLM ties lm_head to word_embeddings
+        position="alibi",
+        extra_params=2 * hidden,  # word_embeddings_layernorm (weight and bias)
+        **_conventions(cfg),
+    )
+
+
 def _base(name: str, cfg: dict[str, Any], **kw: Any) -> ModelSpec:
     hidden = _positive("hidden_size", _need(cfg, "hidden_size"))
     heads = _positive("num_attention_heads", _need(cfg, "num_attention_heads"))
@@ -421,6 +443,7 @@ _PARSERS = {
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "mpt": _mpt,
+    "bloom": _bloom,
     "mixtral": _mixtral,
     "qwen3_moe": _qwen3_moe,
     "deepseek_v2": _deepseek,
@@ -501,7 +524,7 @@ READ_KEYS = frozenset({
     "head_dim", "num_hidden_layers", "intermediate_size", "vocab_size", "attention_bias", "mlp_bias",
     "tie_word_embeddings", "rope_theta", "rotary_emb_base", "rope_scaling", "rms_norm_eps", "layer_norm_eps",
     "layer_norm_epsilon", "sliding_window", "n_embd", "n_head", "n_layer", "n_inner", "n_positions", "n_ctx",
-    "d_model", "n_heads", "n_layers", "attn_config", "kv_n_heads", "alibi", "no_bias", "learned_pos_emb",
+    "n_embed", "d_model", "n_heads", "n_layers", "attn_config", "kv_n_heads", "alibi", "no_bias", "learned_pos_emb",
     "expansion_ratio", "ffn_config", "ffn_hidden_size", "max_seq_len", "num_local_experts", "num_experts_per_tok",
     "experts_per_token", "num_experts", "moe_intermediate_size", "decoder_sparse_step", "norm_topk_prob",
     "mlp_only_layers", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
@@ -527,7 +550,9 @@ IGNORED_KEYS = frozenset({
     "softmax_scale", "norm_type", "embedding_fraction", "logit_scale", "activation_function", "use_qk_norm",
     "use_mrope", "rope_axes_dim", "added_kv_proj_dim", "image_dim", "eps", "quantization_config",
     "attn_temperature_tuning", "floor_scale", "attn_scale", "moe_layers", "shared_expert_intermediate_size",
-    "rope_interleave",
+    "rope_interleave", "apply_residual_connection_post_layernorm", "attention_softmax_in_fp32",
+    "masked_softmax_fusion", "bias_dropout_fusion", "skip_bias_add", "skip_bias_add_qkv", "offset_alibi",
+    "slow_but_exact", "unk_token_id",
 })  # fmt: skip
 
 
