@@ -17,6 +17,7 @@ from shardscope.models.catalog import load_model
 from shardscope.serve.engine import load_engine
 from shardscope.serve.estimate import serve_estimate
 from shardscope.serve.export import serve_launch
+from shardscope.serve.page import curve
 from shardscope.serve.plan import NoPlan, _shape, ep_sizes, gpu_counts, serve_plan, tp_sizes
 from shardscope.serve.workload import make_requests
 
@@ -276,5 +277,36 @@ def test_a_model_no_node_holds_gets_pipelined_plans() -> None:
     assert (best.tp, best.pp, best.gpus) == (8, 2, 16) and "--pp 2" in best.serve_command
     again = _resimulate(best, kw)
     assert again.tpot.p90_ms == pytest.approx(best.tpot_p90_ms, rel=1e-12)
+    # the report page's curve runs the pipelined replica too: at the searched rate, the plan's numbers
+    at_rate = next(pt for pt in curve(result, best) if pt["factor"] == 1.0)
+    assert at_rate["tpot_p90_ms"] == pytest.approx(best.tpot_p90_ms, rel=1e-12)
     with pytest.raises(ShardscopeError, match="pipelined plan"):
         serve_launch(result, "llama3.1-405b")
+
+
+def test_sampled_prompts_bounds_hold_and_the_plan_resimulates() -> None:
+    """GRPO-style rollouts (8 samples a prompt, the rate counting prompts): the closed forms the search prunes
+    on stay bounds of the simulation when the samples share their prompt's cached KV, the plan re-simulates
+    to its numbers through the command it prints, and the table says what the rate counts."""
+    spec = load_model("llama3.1-8b")
+    eng = load_engine("vllm", load_gpu("H100"))
+    reqs = make_requests(100, "poisson", 1.0, 2048, 128, samples=8)
+    sh = _shape(spec, "H100", 1, 1, eng, 256, "bf16", 2, reqs, shared_prompts=True)
+    plain = _shape(spec, "H100", 1, 1, eng, 256, "bf16", 2, reqs)
+    assert sh.replica_rps > plain.replica_rps and sh.ttft_min_s < plain.ttft_min_s
+    offline = serve_estimate("llama3.1-8b", gpus=1, tp=1, num_prompts=100, input_len=2048, output_len=128,
+                             max_num_seqs=256, samples=8)  # fmt: skip
+    assert sh.replica_rps >= offline.requests_per_s
+    assert sh.ttft_min_s * 1e3 <= offline.ttft.p50_ms * (1 + 1e-9)
+    kw = dict(gpu="H100", gpus=2, rate=1.0, input_len=2048, output_len=128, num_prompts=60, slo_tpot_ms=30.0,
+              top=2, samples=8)  # fmt: skip
+    result = serve_plan("llama3.1-8b", **kw)
+    best = result.plans[0]
+    assert "--samples 8" in best.serve_command and result.samples == 8
+    res = runner.invoke(app, best.serve_command.split()[1:] + ["--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["num_prompts"] == 60 * 8 and out["tpot"]["p90_ms"] == pytest.approx(best.tpot_p90_ms)
+    table = runner.invoke(app, ["serve-plan", "llama3.1-8b", *[f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]])
+    assert table.exit_code == 0, table.output
+    assert "1 prompts/s x 8 samples" in table.stdout

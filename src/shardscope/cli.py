@@ -568,6 +568,9 @@ def serve_plan(
         int, typer.Option(help="prompt tokens every request shares (a system prompt; cached where the engine caches)")
     ] = 0,
     dataset: Annotated[str, typer.Option(help="fixed | sharegpt-like (seeded log-normal lengths)")] = "fixed",
+    samples: Annotated[
+        int, typer.Option(help="sequences per prompt (vLLM's n, a GRPO group); --rate counts prompts")
+    ] = 1,
     num_prompts: Annotated[int, typer.Option(help="requests in each deployment's simulation")] = 1000,
     seed: Annotated[int, typer.Option(help="random seed of arrivals and lengths")] = 0,
     precision: Annotated[
@@ -612,7 +615,7 @@ def serve_plan(
             model, gpu=gpu, gpus=gpus, engine=engine, rate=rate, input_len=input_len, output_len=output_len,
             dataset=dataset, num_prompts=num_prompts, seed=seed, precision=precision, kv_dtype=kv_dtype,
             slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, top=top, disaggregate=disaggregate,
-            prefix_len=prefix_len,
+            prefix_len=prefix_len, samples=samples,
         )  # fmt: skip
         text = serve_export(result, export, model) if export is not None else None
         if text is not None and output is not None:

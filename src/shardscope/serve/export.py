@@ -484,7 +484,7 @@ def serve_export(result, spec: str, model: str, plan_index: int = 0) -> str:
         f"shardscope serve-plan: plan #{plan_index + 1} of {result.model} on {p.gpus}x {result.gpu}: "
         f"TP{p.tp}{f' EP{p.ep}' if p.ep > 1 else ''} x {layout}, max seqs {p.max_num_seqs}, "
         f"{result.precision} weights, KV {result.kv_dtype}",
-        f"simulated at Poisson {result.rate_requests_per_s:g} req/s: {p.goodput_requests_per_s_per_gpu:,.3f} "
+        f"simulated at Poisson {result.arrivals}: {p.goodput_requests_per_s_per_gpu:,.3f} "
         f"goodput req/s per GPU, {slos}",
         f"as a simulation: {p.serve_command}",
     ]

@@ -35,17 +35,17 @@ def curve(result: ServePlanResult, plan: ServePlan) -> list[dict]:
     while factors:
         f = factors.pop(0)
         r = serve_estimate(
-            result.model, gpu=result.gpu, gpus=plan.gpus, tp=plan.tp, ep=plan.ep, engine=result.engine,
+            result.model, gpu=result.gpu, gpus=plan.gpus, tp=plan.tp, pp=plan.pp, ep=plan.ep, engine=result.engine,
             precision=result.precision, kv_dtype=result.kv_dtype, rate=result.rate_requests_per_s * f,
             num_prompts=result.num_prompts, input_len=result.input_len, output_len=result.output_len,
             dataset=result.dataset, seed=result.seed, max_num_seqs=plan.max_num_seqs,
             slo_ttft_ms=result.slo_ttft_ms, slo_tpot_ms=result.slo_tpot_ms, disaggregate=plan.disaggregate,
-            prefix_len=result.prefix_len,
+            prefix_len=result.prefix_len, samples=result.samples,
         )  # fmt: skip
         points.append(
             {
                 "factor": f,
-                "offered_requests_per_s": result.rate_requests_per_s * f,
+                "offered_requests_per_s": result.rate_requests_per_s * f * result.samples,
                 "requests_per_s": r.requests_per_s,
                 "goodput_requests_per_s": r.goodput_requests_per_s or 0.0,
                 "output_tokens_per_s_per_gpu": r.output_tokens_per_s_per_gpu,
@@ -65,11 +65,11 @@ def page_data(result: ServePlanResult, curves: int = CURVES) -> dict:
             ("TPOT", result.slo_tpot_ms)) if v is not None]  # fmt: skip
     return {
         "title": f"{result.model} on up to {result.max_gpus}x {result.gpu}, {result.engine}, Poisson "
-        f"{result.rate_requests_per_s:g} requests/s, {result.dataset} {result.input_len}/{result.output_len} tokens",
+        f"{result.arrivals}, {result.dataset} {result.input_len}/{result.output_len} tokens",
         "slos": ", ".join(slos),
         "slo_ttft_ms": result.slo_ttft_ms,
         "slo_tpot_ms": result.slo_tpot_ms,
-        "rate_requests_per_s": result.rate_requests_per_s,
+        "rate_requests_per_s": result.rate_requests_per_s * result.samples,
         "plans": [{"label": deployment_label(p), **p.to_dict()} for p in result.plans],
         "curves": [{"label": deployment_label(p), "points": curve(result, p)} for p in result.plans[:curves]],
     }

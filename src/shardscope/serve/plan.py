@@ -115,6 +115,14 @@ class ServePlanResult:
     plans: list[ServePlan] = field(default_factory=list)
     seed: int = 0  # of the arrivals and lengths every deployment was simulated with
     prefix_len: int = 0  # prompt tokens every request shares
+    samples: int = 1  # sequences per prompt (requests = prompts x samples; the rate counts prompts)
+
+    @property
+    def arrivals(self) -> str:
+        """The Poisson rate as the user gave it: requests/s, or prompts/s each sampled n times."""
+        if self.samples == 1:
+            return f"{self.rate_requests_per_s:g} requests/s"
+        return f"{self.rate_requests_per_s:g} prompts/s x {self.samples} samples"
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -204,12 +212,14 @@ def cost_kv_tokens(cost: IterationCost) -> int:
 
 def _shape(
     spec: ModelSpec, gpu: str, tp: int, ep: int, eng, seqs: int, precision: str, kv_bytes: int, reqs: list[Request],
-    cached: int = 0, pp: int = 1,
+    cached: int = 0, pp: int = 1, shared_prompts: bool = False,
 ) -> _Shape:  # fmt: skip
     """A deployment shape's closed-form bounds (TTFT, decode step, request rate). With a cached shared prefix
-    (`cached` tokens) the bounds count only what a request computes and holds of its own: still bounds. A
-    pipelined replica's rate is bounded by PP of its passes at once, each with the whole KV pool and limit
-    (its batches in flight share them: looser, still a bound)."""
+    (`cached` tokens) the bounds count only what a request computes and holds of its own: still bounds. With
+    `shared_prompts` (a prompt's samples reuse its cached KV) a group computes its prompt once and each other
+    sample at least its last token, and a sample's first token may need only that one token. A pipelined
+    replica's rate is bounded by PP of its passes at once, each with the whole KV pool and limit (its batches
+    in flight share them: looser, still a bound)."""
     cluster = make_cluster(gpu, max(tp * pp, ep))  # wide EP: the experts spread over ep/tp replicas
     e = replace(eng, max_num_seqs=seqs)
     d = Deployment(spec, cluster, tp, precision, kv_bytes, ep, pp)
@@ -220,12 +230,16 @@ def _shape(
         return _Shape(tp, ep, seqs, False, mem.weights_gib, math.inf, math.inf, 0.0, 0.0, 0.0, math.inf, pp)
     cost = IterationCost(d, e)
     p90_in = math.ceil(percentile(sorted(r.input_len for r in reqs), PERCENTILE))
-    alone = simulate_replica([Request(0.0, max(1, p90_in - cached), 1)], cost, e, mem.kv_blocks)
+    first = 1 if shared_prompts else max(1, p90_in - cached)
+    alone = simulate_replica([Request(0.0, first, 1)], cost, e, mem.kv_blocks)
     min_in = max(1, min(r.input_len for r in reqs) - cached)
     window = spec.attention_window
     kvw = min(min_in + 1, window) if window else min_in + 1
     decode = cost.decode_time_s(1, min_in + 1, kvw)
     mean_in = max(1.0, sum(r.input_len for r in reqs) / len(reqs) - cached)
+    if shared_prompts:  # per group: the prompt once, then one token per further sample
+        samples = len(reqs) / len({r.group for r in reqs})
+        mean_in = (mean_in + samples - 1) / samples
     mean_out = sum(r.output_len for r in reqs) / len(reqs)
     colocated, prefill, dec = _capacity(cost, e.max_num_batched_tokens, seqs, mean_in, mean_out)
     return _Shape(
@@ -269,9 +283,11 @@ def serve_plan(
     disaggregate: bool = True,
     screen_prompts: int = SCREEN_PROMPTS,
     prefix_len: int = 0,
+    samples: int = 1,
 ) -> ServePlanResult:
     """Search TP, EP, replicas, P:D disaggregation and max_num_seqs for the deployments on at most `gpus`
-    GPUs with the most goodput requests/s per GPU that meet the SLOs at Poisson `rate`; the best `top`.
+    GPUs with the most goodput requests/s per GPU that meet the SLOs at Poisson `rate` (prompts/s, each
+    sampled `samples` times, as GRPO rollouts are: the SLOs and goodput count requests); the best `top`.
     Raises `NoPlan` (a ShardscopeError) naming the binding constraint when none does."""
     start = time.perf_counter()
     if rate is None or not rate > 0 or math.isinf(rate):
@@ -295,7 +311,7 @@ def serve_plan(
     eng = load_engine(engine, cluster.gpu)
     kv_dtype = eng.kv_dtype(kv_dtype, precision)
     spec = eng.serving_model(spec)
-    reqs = make_requests(num_prompts, "poisson", rate, input_len, output_len, dataset, seed)
+    reqs = make_requests(num_prompts, "poisson", rate, input_len, output_len, dataset, seed, samples)
     if prefix_len < 0 or (dataset == "fixed" and prefix_len >= input_len):
         raise ShardscopeError(f"--prefix-len must be at least 0 and below --input-len {input_len}, got {prefix_len}")
     # the shared prefix's tokens a request need not compute once cached (the bounds below start from them)
@@ -311,7 +327,8 @@ def serve_plan(
 
     def shape(tp: int, ep: int, s: int, pp: int = 1) -> _Shape:
         if (key := (tp, ep, s, pp)) not in shapes:
-            shapes[key] = _shape(spec, gpu, tp, ep, eng, s, precision, kv_bytes, reqs, cached, pp)
+            shared = samples > 1 and eng.prefix_caching
+            shapes[key] = _shape(spec, gpu, tp, ep, eng, s, precision, kv_bytes, reqs, cached, pp, shared)
         return shapes[key]
 
     for tp in tps:  # every replica shape within a TP group (wide EP's come with the GPU counts that hold them)
@@ -326,7 +343,7 @@ def serve_plan(
     common = dict(
         gpu=gpu, engine=engine, num_prompts=num_prompts, precision=precision, kv_dtype=kv_dtype, rate=rate,
         input_len=input_len, output_len=output_len, dataset=dataset, seed=seed, slo_ttft_ms=slo_ttft_ms,
-        slo_tpot_ms=slo_tpot_ms, prefix_len=prefix_len,
+        slo_tpot_ms=slo_tpot_ms, prefix_len=prefix_len, samples=samples,
     )  # fmt: skip
     n_screen = min(num_prompts, screen_prompts)
     st: dict[str, int] = dict.fromkeys(Searched.__slots__, 0)
@@ -367,7 +384,7 @@ def serve_plan(
                         st["pruned_tpot_bound"] += 1
                         continue
                     cap = min(p * sh.prefill_rps, (r - p) * sh.decode_rps) if p else r * sh.replica_rps
-                    if cap < rate:
+                    if cap < rate * samples:  # requests/s
                         st["pruned_capacity"] += 1
                         continue
                     if goodput_bound / g < kth():
@@ -400,7 +417,7 @@ def serve_plan(
         kv_dtype=kv_dtype, dataset=dataset, rate_requests_per_s=rate, input_len=input_len, output_len=output_len,
         num_prompts=num_prompts, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, slo_percentile=PERCENTILE,
         searched=searched, search_s=time.perf_counter() - start, plans=found[:top], seed=seed,
-        prefix_len=prefix_len,
+        prefix_len=prefix_len, samples=samples,
     )  # fmt: skip
 
 
@@ -481,6 +498,8 @@ def _plan(
         cmd += f" --kv-dtype {common['kv_dtype']}"
     if common["prefix_len"]:
         cmd += f" --prefix-len {common['prefix_len']}"
+    if common["samples"] > 1:
+        cmd += f" --samples {common['samples']}"
     if p:
         cmd += f" --disaggregate {p}:{r - p}"
     for flag, v in (("--slo-ttft-ms", common["slo_ttft_ms"]), ("--slo-tpot-ms", common["slo_tpot_ms"])):

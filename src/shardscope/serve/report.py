@@ -78,9 +78,10 @@ def print_serve_plan(r: ServePlanResult, console: Console | None = None) -> None
         f"{name} p90 ≤ {v:g} ms" for name, v in (("TTFT", r.slo_ttft_ms), ("TPOT", r.slo_tpot_ms)) if v is not None
     )
     load = f"{r.input_len}/{r.output_len} tokens" if r.dataset == "fixed" else r.dataset
+    requests = f"{r.num_prompts:,} requests" if r.samples == 1 else f"{r.num_prompts:,} prompts"
     out.print(
-        f"[bold]{r.model}[/] on ≤{r.max_gpus}× {r.gpu}, {r.engine}, Poisson {r.rate_requests_per_s:g} req/s "
-        f"({load}, {r.num_prompts:,} requests): {s.deployments:,} deployments, {s.simulated:,} simulated, "
+        f"[bold]{r.model}[/] on ≤{r.max_gpus}× {r.gpu}, {r.engine}, Poisson {r.arrivals} "
+        f"({load}, {requests}): {s.deployments:,} deployments, {s.simulated:,} simulated, "
         f"{s.met:,} meet {slos}; best by goodput req/s per GPU:"
     )
     table = Table()
