@@ -46,6 +46,16 @@ def test_fp8_weight_copies_in_memory():
     assert 1.5 * 0.9 * per_gpu_layers_params < extra < 2.0 * per_gpu_layers_params  # FP8 + transpose
 
 
+@pytest.mark.parametrize(("recipe", "gpu", "scales"), [("blockwise", "H100", 4 / 128**2), ("mxfp8", "B200", 1 / 32)])
+def test_fp8_weight_copies_carry_their_block_scales(recipe: str, gpu: str, scales: float):
+    """Row- and column-wise FP8 weight copies with their scales: Transformer Engine's blockwise recipe keeps
+    one fp32 scale per 128x128 weight block (`w_block_scaling_dim = 2`), MXFP8 one E8M0 byte per 32."""
+    from shardscope.graph.fp8 import weight_copy_bytes_per_param
+
+    plan = make_plan(load_model("llama3.1-8b"), make_cluster(gpu, 8), precision="fp8", fp8_recipe=recipe)
+    assert weight_copy_bytes_per_param(plan, "hopper" if gpu == "H100" else "blackwell") == 2 * (1 + scales)
+
+
 @pytest.mark.parametrize("gpu,recipe,match", [("A100-80GB", "tensorwise", "no FP8"), ("H100", "mxfp8", "Blackwell")])
 def test_fp8_needs_hardware(gpu, recipe, match):
     with pytest.raises(ShardscopeError, match=match):

@@ -39,11 +39,17 @@ def quantization_bytes(plan: Plan, arch: str, input_elems: float, grad_elems: fl
     return fwd, bwd
 
 
+# Scale bytes per weight element of one FP8 copy: Transformer Engine's Float8BlockScaling quantizes weights
+# in 128x128 blocks (`w_block_scaling_dim = 2`, one fp32 scale each); MXFP8 gives every 32 elements along
+# a copy's rows one E8M0 byte.
+WEIGHT_SCALE_BYTES = {"blockwise": 4.0 / (128 * 128), "mxfp8": 1.0 / 32}
+
+
 def weight_copy_bytes_per_param(plan: Plan, arch: str) -> float:
     """FP8 copies of the weights kept for the step: the FP8 tensor, plus its transpose (Hopper
-    per-tensor) or its column-wise copy (block/MX scaling, which also stores one scale per block)."""
-    if plan.fp8_recipe in ("blockwise", "mxfp8"):
-        return 2.0 + 2.0 / 32
+    per-tensor) or its column-wise copy (block/MX scaling, each copy with its scales)."""
+    if plan.fp8_recipe in WEIGHT_SCALE_BYTES:
+        return 2.0 * (1.0 + WEIGHT_SCALE_BYTES[plan.fp8_recipe])
     if plan.fp8_recipe == "rowwise":
         return 2.0
     return 2.0 if needs_transpose(plan, arch) else 1.0
