@@ -212,17 +212,15 @@ def test_dualpipe_allows_ep_comm_overlap():
     assert t.end_s - t.start_s == pytest.approx(c.paired_fwd_s)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with DeepSeek's FP8/E5M6 activation cache the plan needs 81.2 GiB of the H800's 79.6 by our count "
-    "(rank 0: 35 GiB of activations for 17 in-flight micro-batches, 10 GiB of FP8 weight copies kept rowwise "
-    "and columnwise as Transformer Engine's blockwise recipe does, fp32 gradients of both DualPipe copies): "
-    "within our memory error of fitting, but over",
-)
 def test_deepseek_v3_dualpipe_2048_h800_fits():
+    """Rank 0 holds the first and the last stage (the loss and MTP): 35 GiB of activations for 17 in-flight
+    micro-batches, FP8 weight copies kept rowwise and columnwise, fp32 gradients of both DualPipe copies, and
+    the loss's softmax turned into its gradient in place (Megatron's vocab-parallel loss): 78.1 GiB of 79.6.
+    The margin is thin (2%), as it was for DeepSeek, whose report recomputes and caches to make it fit."""
     est = shardscope.estimate("deepseek-v3", **DEEPSEEK_V3)
     assert est.memory.inflight_microbatches == 17
     assert est.fits, f"needs {est.memory.required_gib:.1f} GiB of {est.memory.capacity_gib:.1f}"
+    assert est.memory.required_gib > 0.95 * est.memory.capacity_gib
 
 
 def test_deepseek_v3_dualpipe_throughput_near_published():

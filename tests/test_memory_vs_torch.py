@@ -270,3 +270,30 @@ def test_unfused_loss_backward_peak_matches_pytorch():
     kept = next(s.bytes for s in graph.head.saved if s.name == "fp32 logits (softmax)")
     predicted = kept + buffer_bytes(m, plan, graph, 0)
     assert predicted == pytest.approx(live.peak, rel=1e-3), (live.peak / logits.numel(), predicted / logits.numel())
+
+
+def test_megatron_loss_backward_peak_matches_megatron_core(monkeypatch: pytest.MonkeyPatch):
+    """Megatron-Core's own unfused loss (`vocab_parallel_cross_entropy`, TP 1: its all-reduces over one rank
+    are the identity) keeps the fp32 softmax it computed in place and turns it into the gradient in place;
+    autograd's bf16 cast of that gradient is the one new buffer. Peak of live bytes over its forward and
+    backward (real CPU tensors at Llama-3.1-8B's vocabulary: the in-place ops need real values), against
+    the kept softmax plus the loss's transient buffers of a plan with `vocab_parallel_loss`."""
+    ce = pytest.importorskip("megatron.core.tensor_parallel.cross_entropy")
+    monkeypatch.setattr(ce, "get_tensor_model_parallel_group", lambda: None)
+    monkeypatch.setattr(ce, "get_tensor_model_parallel_rank", lambda: 0)
+    monkeypatch.setattr(ce, "get_tensor_model_parallel_world_size", lambda: 1)
+    monkeypatch.setattr(ce.torch.distributed, "all_reduce", lambda *args, **kwargs: None)
+    m, tokens = load_model("llama3.1-8b"), 128
+    logits = torch.randn(tokens, 1, m.vocab, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, m.vocab, (tokens, 1))
+    with LiveBytes() as live:
+        ce.vocab_parallel_cross_entropy(logits, targets).sum().backward()
+    plan = make_plan(
+        m, make_cluster("H100", 1), global_batch=1, micro_batch=1, seq_len=tokens, vocab_parallel_loss=True
+    )
+    graph = build_stage_graph(m, plan)
+    kept = next(s.bytes for s in graph.head.saved if s.name == "fp32 logits (softmax)")
+    predicted = kept + buffer_bytes(m, plan, graph, 0)
+    assert predicted == pytest.approx(live.peak, rel=1e-3), (live.peak / logits.numel(), predicted / logits.numel())
+    unfused = make_plan(m, make_cluster("H100", 1), global_batch=1, micro_batch=1, seq_len=tokens)
+    assert buffer_bytes(m, unfused, build_stage_graph(m, unfused), 0) == 4 * buffer_bytes(m, plan, graph, 0)

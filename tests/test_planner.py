@@ -574,19 +574,21 @@ def test_a_search_under_per_layer_graphs_skips_full_recompute():
     assert graphed.candidates and all(x.plan.recompute != "full" for x in graphed.candidates)
 
 
-def test_fused_cross_entropy_keeps_less_and_exports():
+@pytest.mark.parametrize(("stack", "saved_bytes"), [("megatron", 2), ("hf", 8)])
+def test_fused_cross_entropy_keeps_less_and_exports(stack: str, saved_bytes: int):
     """A fused cross-entropy keeps the bf16 logits, not an fp32 copy, and writes a bf16 gradient: with
-    Llama 3's 128k vocabulary the last stage needs gigabytes less. The CLI flag reaches the estimate and
-    the Megatron arguments carry it."""
+    Llama 3's 128k vocabulary the last stage needs less, by 2 bytes a logit against Megatron's unfused loss
+    (an fp32 softmax turned into the gradient in place, then cast) and by 8 against PyTorch's (which holds
+    nll_loss's and log_softmax's fp32 gradients beside it). The CLI flag reaches the estimate and the
+    Megatron arguments carry it."""
     args = ["estimate", "llama3.1-8b", "--gpus", "8", "--seq-len", "8192", "--global-batch", "16", "--json"]
+    args += ["--stack", stack]
     unfused = json.loads(runner.invoke(app, args).stdout)["memory"]["peak_gib"]
     r = runner.invoke(app, [*args, "--fused-cross-entropy"])
     assert r.exit_code == 0
     fused = json.loads(r.stdout)["memory"]["peak_gib"]
     logits_gib = 8192 * 128256 / 2**30  # one micro-batch's logits
-    # kept: fp32 log-softmax (4 B) -> bf16 logits (2 B); gradient: nll_loss's and log_softmax's fp32 ones
-    # (8 B) -> bf16 (2 B)
-    assert unfused - fused == pytest.approx(8 * logits_gib, rel=0.01)
+    assert unfused - fused == pytest.approx(saved_bytes * logits_gib, rel=0.01)
     plan = make_plan(load_model("llama3.1-8b"), make_cluster("H100", 8), global_batch=16, fused_cross_entropy=True)
     assert "--cross-entropy-loss-fusion" in to_megatron(load_model("llama3.1-8b"), plan)
 

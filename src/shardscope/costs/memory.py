@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from operator import attrgetter
 
-from shardscope.graph.build import BF16, FP32, OpGroup, StageGraph
+from shardscope.graph.build import BF16, FP32, LOSS_BACKWARD_BYTES, OpGroup, StageGraph, loss_kind
 from shardscope.graph.common import alternate_mm_share
 from shardscope.graph.fp8 import weight_copy_bytes_per_param
 from shardscope.memo import MemoTable
@@ -351,14 +351,12 @@ def buffer_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int, ar
     if copy and not (sharded and plan.fp8_params):
         buf += copy * gathered
     if stage == plan.pp - 1:
-        # Loss backward: unfused, log_softmax's backward holds its incoming fp32 gradient (nll_loss's) and
-        # writes a fp32 one beside the kept fp32 output (12 bytes a logit at once, measured against PyTorch;
-        # the bf16 cast for the output GEMM comes after the first two are freed); a fused kernel writes the
-        # bf16 gradient directly. Under FSDP the last layer is still gathered (torchtitan and
-        # FSDP2 keep it for the backward that follows), and so is the output layer; once its backward has
-        # consumed the logits' gradient, its bf16 weight gradient is copied into the fp32 reduce buffer.
+        # Loss backward: the gradient buffers of its kind beside what it keeps (`LOSS_BACKWARD_BYTES`).
+        # Under FSDP the last layer is still gathered (torchtitan and FSDP2 keep it for the backward that
+        # follows), and so is the output layer; once its backward has consumed the logits' gradient, its
+        # bf16 weight gradient is copied into the fp32 reduce buffer.
         logits = graph.tokens * model.vocab / plan.tp
-        at_loss = (BF16 if plan.fused_loss else 2 * FP32) * logits
+        at_loss = LOSS_BACKWARD_BYTES[loss_kind(plan)] * logits
         if plan.fsdp:  # (ZeRO-3 reduces its gradients in buckets, not an FSDP unit at a time)
             head = end_params_local(model, plan)[1]
             kept = gather * (biggest + head) if plan.reshard_after_forward else 0.0  # (else counted above)

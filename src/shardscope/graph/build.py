@@ -98,24 +98,43 @@ def embedding_group(model: ModelSpec, plan: Plan) -> OpGroup:
 # 8.9 ms forward, 11.2 backward (these counts give 8.1 and 9.6); compiled 1.5 and 3.7. Transformer Engine
 # >= 2.18 (`Plan.fused_ce_fp32_grad`): forward reads the bf16 logits twice (an online-softmax pass, then the
 # gradient pass) and writes the fp32 gradient; backward scales it by the per-token loss weights in place
-# and autograd casts it to bf16.
+# and autograd casts it to bf16. Megatron's vocab-parallel loss (`Plan.vocab_parallel_loss`), one kernel a
+# step over the fp32 copy: forward the cast (read 2, write 4), max (4), subtract, exp and divide in place
+# (8 each) and the sum (4); backward scales the softmax in place (8) and autograd casts it to bf16 (6).
 LOSS_BYTES = {
     "unfused": (BF16 + 5 * FP32, 6 * FP32 + BF16),
+    "megatron": (BF16 + 9 * FP32, 3 * FP32 + BF16),
     "compiled": (4.0, 10.0),
     "fused": (BF16, 2 * BF16),
     "fused, fp32 gradient": (2 * BF16 + FP32, 3 * FP32 + BF16),
 }
 
 
+# Bytes per logit a loss's backward allocates beside what it keeps (`loss_saved`), at its peak. Unfused,
+# log_softmax's backward holds its incoming fp32 gradient (nll_loss's) and writes an fp32 one beside the
+# kept output (measured against PyTorch; the bf16 cast for the output GEMM comes after those two are
+# freed). Megatron's turns the kept softmax into the gradient in place; autograd's bf16 cast of it is new
+# (measured against Megatron-Core). The fused kernels write, or cast to, one bf16 gradient.
+LOSS_BACKWARD_BYTES = {
+    "unfused": 2 * FP32,
+    "megatron": BF16,
+    "compiled": BF16,
+    "fused": BF16,
+    "fused, fp32 gradient": BF16,
+}
+
+
 def loss_kind(plan: Plan) -> str:
     if plan.fused_cross_entropy:
         return "fused, fp32 gradient" if plan.fused_ce_fp32_grad else "fused"
-    return "compiled" if plan.compiled_loss else "unfused"
+    if plan.compiled_loss:
+        return "compiled"
+    return "megatron" if plan.vocab_parallel_loss else "unfused"
 
 
 def loss_saved(kind: str, logits: float, tokens: int) -> list[Saved]:
     """What a loss of `kind` (`loss_kind`) keeps for its backward."""
-    if kind == "unfused":
+    if kind in ("unfused", "megatron"):
         return [Saved("fp32 logits (softmax)", FP32 * logits, ALL)]
     if kind == "fused, fp32 gradient":
         return [Saved("fp32 logit gradient", FP32 * logits, ALL)]

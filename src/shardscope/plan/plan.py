@@ -186,6 +186,13 @@ class Plan:
     # Megatron's `--cross-entropy-loss-fusion`) takes the softmax of the bf16 logits in registers: it keeps
     # the bf16 logits and the fp32 log-sum-exp, no fp32 copy, and writes a bf16 gradient
     fused_cross_entropy: bool = opt(False, "kernels", "fused cross-entropy: no fp32 copy of the logits", graph=True)
+    # Megatron's unfused loss (tensor_parallel/cross_entropy.py `_VocabParallelCrossEntropy`) takes an fp32
+    # copy of the logits and runs max, exp and the division on it in place: that softmax is what it keeps,
+    # and its backward turns it into the gradient in place (autograd then casts that to bf16)
+    vocab_parallel_loss: bool = opt(
+        False, "kernels", "Megatron's vocab-parallel cross-entropy (fp32 softmax kept, reused in place)", graph=True,
+        cli=False,
+    )  # fmt: skip
     # Transformer Engine >= 2.18's fused cross-entropy writes the logits' gradient into an fp32 tensor in its
     # forward and keeps that (not the bf16 logits); autograd casts it to bf16 for the output GEMM
     fused_ce_fp32_grad: bool = opt(
