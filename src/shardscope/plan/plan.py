@@ -238,12 +238,6 @@ class Plan:
         return self.fused_activation or self.compile
 
     @property
-    def fused_loss(self) -> bool:
-        """The loss keeps no fp32 copy of the logits: a fused cross-entropy kernel, or the loss compiled
-        with the model (torchtitan compiles both)."""
-        return self.fused_cross_entropy or self.compiled_loss
-
-    @property
     def compiled_loss(self) -> bool:
         """The cross-entropy runs as torch.compile's kernels."""
         return self.compile and self.compile_loss
