@@ -422,23 +422,36 @@ class MLAAttention(nn.Module):
 
 class LiveBytes(TorchDispatchMode):
     """The bytes of the storages ops create that are alive, and their peak (a storage leaves when PyTorch
-    drops it)."""
+    drops it). A DTensor counts as its local tensor; `inner()` counts into the same tally from inside a
+    DTensor op's own implementation, where this mode is not on the stack."""
 
-    def __init__(self):
+    def __init__(self, tally: LiveBytes | None = None):
         super().__init__()
+        self.tally = tally or self
         self.live: dict[int, int] = {}  # storage -> bytes
         self.now = self.peak = 0
+
+    def inner(self) -> LiveBytes:
+        return LiveBytes(self.tally)
 
     def _free(self, key: int) -> None:
         self.now -= self.live.pop(key, 0)
 
+    def _track(self, t: torch.Tensor) -> None:
+        t = getattr(t, "_local_tensor", t)  # a DTensor's bytes are its local shard's
+        try:
+            storage, key = t.untyped_storage(), _storage_key(t)
+        except RuntimeError:  # a wrapper without storage of its own (a collective's pending result)
+            return
+        if key not in self.live:
+            self.live[key] = storage.nbytes()
+            self.now += storage.nbytes()
+            self.peak = max(self.peak, self.now)
+            weakref.finalize(storage, self._free, key)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and (key := _storage_key(t)) not in self.live:
-                storage = t.untyped_storage()
-                self.live[key] = storage.nbytes()
-                self.now += storage.nbytes()
-                self.peak = max(self.peak, self.now)
-                weakref.finalize(storage, self._free, key)
+            if isinstance(t, torch.Tensor):
+                self.tally._track(t)
         return out

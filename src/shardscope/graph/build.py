@@ -101,9 +101,13 @@ def embedding_group(model: ModelSpec, plan: Plan) -> OpGroup:
 # and autograd casts it to bf16. Megatron's vocab-parallel loss (`Plan.vocab_parallel_loss`), one kernel a
 # step over the fp32 copy: forward the cast (read 2, write 4), max (4), subtract, exp and divide in place
 # (8 each) and the sum (4); backward scales the softmax in place (8) and autograd casts it to bf16 (6).
+# DTensor's loss_parallel (`Plan.loss_parallel`, TP > 1): forward the cast (6), amax (4), the shift (8),
+# exp (8), its sum (4) and the log-softmax (8); backward zeros (4), exp (8), the sum (12), the product with
+# the loss's gradient (8) and the cast to bf16 (6).
 LOSS_BYTES = {
     "unfused": (BF16 + 5 * FP32, 6 * FP32 + BF16),
     "megatron": (BF16 + 9 * FP32, 3 * FP32 + BF16),
+    "dtensor": (BF16 + 9 * FP32, BF16 + 9 * FP32),
     "compiled": (4.0, 10.0),
     "fused": (BF16, 2 * BF16),
     "fused, fp32 gradient": (2 * BF16 + FP32, 3 * FP32 + BF16),
@@ -114,10 +118,13 @@ LOSS_BYTES = {
 # log_softmax's backward holds its incoming fp32 gradient (nll_loss's) and writes an fp32 one beside the
 # kept output (measured against PyTorch; the bf16 cast for the output GEMM comes after those two are
 # freed). Megatron's turns the kept softmax into the gradient in place; autograd's bf16 cast of it is new
-# (measured against Megatron-Core). The fused kernels write, or cast to, one bf16 gradient.
+# (measured against Megatron-Core). DTensor's loss_parallel holds its zeros-built gradient, exp(log-softmax)
+# and their sum at once, then their product (measured against PyTorch). The fused kernels write, or cast to,
+# one bf16 gradient.
 LOSS_BACKWARD_BYTES = {
     "unfused": 2 * FP32,
     "megatron": BF16,
+    "dtensor": 3 * FP32,
     "compiled": BF16,
     "fused": BF16,
     "fused, fp32 gradient": BF16,
@@ -129,12 +136,14 @@ def loss_kind(plan: Plan) -> str:
         return "fused, fp32 gradient" if plan.fused_ce_fp32_grad else "fused"
     if plan.compiled_loss:
         return "compiled"
-    return "megatron" if plan.vocab_parallel_loss else "unfused"
+    if plan.vocab_parallel_loss:
+        return "megatron"
+    return "dtensor" if plan.loss_parallel and plan.tp > 1 else "unfused"
 
 
 def loss_saved(kind: str, logits: float, tokens: int) -> list[Saved]:
     """What a loss of `kind` (`loss_kind`) keeps for its backward."""
-    if kind in ("unfused", "megatron"):
+    if kind in ("unfused", "megatron", "dtensor"):
         return [Saved("fp32 logits (softmax)", FP32 * logits, ALL)]
     if kind == "fused, fp32 gradient":
         return [Saved("fp32 logit gradient", FP32 * logits, ALL)]

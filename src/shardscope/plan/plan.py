@@ -193,6 +193,13 @@ class Plan:
         False, "kernels", "Megatron's vocab-parallel cross-entropy (fp32 softmax kept, reused in place)", graph=True,
         cli=False,
     )  # fmt: skip
+    # torchtitan's loss over TP-sharded logits runs under DTensor's `loss_parallel` (tensor/parallel/loss.py):
+    # log_softmax and nll_loss as decompositions with a vocabulary-wide all-reduce, whose backward builds
+    # the gradient from zeros, exp(log-softmax) and their sum (no fused ATen kernel)
+    loss_parallel: bool = opt(
+        False, "kernels", "the loss over TP-sharded logits through DTensor's loss_parallel (torchtitan)", graph=True,
+        cli=False,
+    )  # fmt: skip
     # Transformer Engine >= 2.18's fused cross-entropy writes the logits' gradient into an fp32 tensor in its
     # forward and keeps that (not the bf16 logits); autograd casts it to bf16 for the output GEMM
     fused_ce_fp32_grad: bool = opt(
