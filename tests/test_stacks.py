@@ -326,3 +326,25 @@ def test_automodel_runs_moe_models_on_its_own_model_code():
         ep_comm_overlap=None, stack="nemo-automodel@25.09",
     )[3]  # fmt: skip
     assert dict(space.kernels)["linear_impl"] == "te"
+
+
+def test_each_stack_runs_its_own_loss_over_tp_sharded_logits():
+    """Llama-3.1-8B at TP8: Megatron's vocab-parallel loss and torchtitan's DTensor loss_parallel run over
+    each rank's vocabulary shard; NeMo AutoModel's MaskedCrossEntropy gathers the fp32 logits
+    (`full_tensor()`) and runs over the whole vocabulary on every rank, so its last stage keeps and holds 8x
+    the logits, after an fp32 all-gather of them."""
+    from shardscope.graph.build import build_stage_graph
+    from shardscope.models.catalog import load_model
+
+    m = load_model("llama3.1-8b")
+    kw = dict(gpus=8, tp=8, seq_len=8192, global_batch=1, micro_batch=1)
+    kept = {}
+    for stack in ("megatron", "torchtitan", "nemo-automodel"):
+        spec, _, plan = shardscope.setup(m.name, stack=stack, **kw)
+        head = build_stage_graph(spec, plan).head
+        kept[stack] = next(s.bytes for s in head.saved if s.name == "fp32 logits (softmax)")
+        gathers = [c for c in head.comms if c.name == "tp logits all-gather"]
+        assert bool(gathers) == (stack == "nemo-automodel")
+    shard = 4 * 8192 * m.vocab / 8
+    assert kept["megatron"] == kept["torchtitan"] == pytest.approx(shard)
+    assert kept["nemo-automodel"] == pytest.approx(8 * shard)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from operator import attrgetter
 
-from shardscope.graph.build import BF16, FP32, LOSS_BACKWARD_BYTES, OpGroup, StageGraph, loss_kind
+from shardscope.graph.build import BF16, FP32, LOSS_BACKWARD_BYTES, OpGroup, StageGraph, loss_kind, loss_logits
 from shardscope.graph.common import alternate_mm_share
 from shardscope.graph.fp8 import weight_copy_bytes_per_param
 from shardscope.memo import MemoTable
@@ -355,7 +355,7 @@ def buffer_bytes(model: ModelSpec, plan: Plan, graph: StageGraph, stage: int, ar
         # Under FSDP the last layer is still gathered (torchtitan and FSDP2 keep it for the backward that
         # follows), and so is the output layer; once its backward has consumed the logits' gradient, its
         # bf16 weight gradient is copied into the fp32 reduce buffer.
-        logits = graph.tokens * model.vocab / plan.tp
+        logits = loss_logits(model, plan, graph.tokens)
         at_loss = LOSS_BACKWARD_BYTES[loss_kind(plan)] * logits
         if plan.fsdp:  # (ZeRO-3 reduces its gradients in buckets, not an FSDP unit at a time)
             head = end_params_local(model, plan)[1]

@@ -150,6 +150,12 @@ def loss_saved(kind: str, logits: float, tokens: int) -> list[Saved]:
     return [Saved("bf16 logits", BF16 * logits, ALL), Saved("log-sum-exp", FP32 * tokens, ALL)]
 
 
+def loss_logits(model: ModelSpec, plan: Plan, tokens: float) -> float:
+    """Logits one GPU's loss runs over: its vocabulary shard, or the whole vocabulary where the loss gathers
+    the TP-sharded logits first (`Plan.loss_full_vocab`)."""
+    return tokens * model.vocab / (1 if plan.loss_full_vocab else plan.tp)
+
+
 def loss_op(plan: Plan, logits: float) -> Op:
     kind = loss_kind(plan)
     fwd, bwd = LOSS_BYTES[kind]
@@ -164,7 +170,7 @@ def head_group(model: ModelSpec, plan: Plan) -> OpGroup:
     t, t_sp = sh.t, sh.t_sp
     v = model.vocab / plan.tp
     fnorm, stats = norm("final norm", model, t_sp)
-    logits = t * v
+    logits = loss_logits(model, plan, t)
     ops = [
         fnorm,
         gemm("output proj", t, int(v), model.hidden),
@@ -184,7 +190,10 @@ def head_group(model: ModelSpec, plan: Plan) -> OpGroup:
             comms.append(Collective("tp reduce-scatter head", "reduce_scatter", "tp", act, "bwd"))
         else:
             comms.append(Collective("tp all-reduce head", "all_reduce", "tp", act, "bwd"))
-        comms.append(Collective("tp loss all-reduce", "all_reduce", "tp", 3 * FP32 * t, "fwd"))
+        if plan.loss_full_vocab:  # the fp32 logits gathered; the gradient's shard is sliced back, no collective
+            comms.append(Collective("tp logits all-gather", "all_gather", "tp", FP32 * logits, "fwd"))
+        else:
+            comms.append(Collective("tp loss all-reduce", "all_reduce", "tp", 3 * FP32 * t, "fwd"))
     return OpGroup(tuple(ops), tuple(saved), tuple(comms))
 
 

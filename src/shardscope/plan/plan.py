@@ -200,6 +200,13 @@ class Plan:
         False, "kernels", "the loss over TP-sharded logits through DTensor's loss_parallel (torchtitan)", graph=True,
         cli=False,
     )  # fmt: skip
+    # NeMo AutoModel's MaskedCrossEntropy calls `full_tensor()` on the TP-sharded logits (its TP plans shard
+    # lm_head's output over the vocabulary): at TP > 1 every rank gathers them in fp32 and runs the loss
+    # over the whole vocabulary
+    loss_full_vocab: bool = opt(
+        False, "kernels", "the loss gathers TP-sharded logits and runs over the whole vocabulary", graph=True,
+        cli=False,
+    )  # fmt: skip
     # Transformer Engine >= 2.18's fused cross-entropy writes the logits' gradient into an fp32 tensor in its
     # forward and keeps that (not the bf16 logits); autograd casts it to bf16 for the output GEMM
     fused_ce_fp32_grad: bool = opt(
