@@ -183,23 +183,32 @@ def _llama_like(name: str, cfg: dict[str, Any]) -> ModelSpec:
     )
 
 
-def _gpt2(name: str, cfg: dict[str, Any]) -> ModelSpec:
-    hidden = _positive("n_embd", _need(cfg, "n_embd", "hidden_size"))
+def _gpt_block_fields(cfg: dict[str, Any], hidden_keys: tuple[str, ...]) -> dict[str, Any]:
+    """The fields GPT-2 and BLOOM configs share: GPT blocks with multi-head attention, sizes under the
+    `n_head`/`n_layer` names or transformers' own, the hidden size under `hidden_keys` (first: its name)."""
+    hidden = _positive(hidden_keys[0], _need(cfg, *hidden_keys))
     heads = _positive("n_head", _need(cfg, "n_head", "num_attention_heads"))
-    return ModelSpec(
-        name=name,
+    return dict(
         hidden=hidden,
         layers=_positive("n_layer", _need(cfg, "n_layer", "num_hidden_layers")),
         heads=heads,
         kv_heads=heads,
-        head_dim=_split_heads(hidden, heads, ("n_embd", "n_head")),
-        ffn_hidden=_positive_or(cfg, "n_inner", 4 * hidden),
+        head_dim=_split_heads(hidden, heads, (hidden_keys[0], "n_head")),
         vocab=_positive("vocab_size", _need(cfg, "vocab_size")),
         **GPT_BLOCK,
+        **_conventions(cfg),
+    )
+
+
+def _gpt2(name: str, cfg: dict[str, Any]) -> ModelSpec:
+    block = _gpt_block_fields(cfg, ("n_embd", "hidden_size"))
+    return ModelSpec(
+        name=name,
+        **block,
+        ffn_hidden=_positive_or(cfg, "n_inner", 4 * block["hidden"]),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         position="learned",
         pos_embedding_rows=_positive("n_positions", _need(cfg, "n_positions", "n_ctx")),
-        **_conventions(cfg),
     )
 
 
@@ -262,22 +271,15 @@ def _mpt(name: str, cfg: dict[str, Any]) -> ModelSpec:
 def _bloom(name: str, cfg: dict[str, Any]) -> ModelSpec:
     """BLOOM (transformers `BloomConfig`, modeling_bloom.py): GPT blocks (LayerNorm, biases, 4h GELU MLP) with
     ALiBi and no position table, a LayerNorm after the word embedding, the output layer tied to it."""
-    hidden = _positive("hidden_size", _need(cfg, "hidden_size", "n_embed"))
-    heads = _positive("n_head", _need(cfg, "n_head", "num_attention_heads"))
+    block = _gpt_block_fields(cfg, ("hidden_size", "n_embed"))
+    hidden = block["hidden"]
     return ModelSpec(
         name=name,
-        hidden=hidden,
-        layers=_positive("n_layer", _need(cfg, "n_layer", "num_hidden_layers")),
-        heads=heads,
-        kv_heads=heads,
-        head_dim=_split_heads(hidden, heads, ("hidden_size", "n_head")),
+        **block,
         ffn_hidden=4 * hidden,  # BloomMLP: dense_h_to_4h, not configurable
-        vocab=_positive("vocab_size", _need(cfg, "vocab_size")),
-        **GPT_BLOCK,
         tied_embeddings=True,  # BloomForCausalLM ties lm_head to word_embeddings
         position="alibi",
         extra_params=2 * hidden,  # word_embeddings_layernorm (weight and bias)
-        **_conventions(cfg),
     )
 
 
