@@ -291,7 +291,7 @@ def test_sampled_prompts_bounds_hold_and_the_plan_resimulates() -> None:
     spec = load_model("llama3.1-8b")
     eng = load_engine("vllm", load_gpu("H100"))
     reqs = make_requests(100, "poisson", 1.0, 2048, 128, samples=8)
-    sh = _shape(spec, "H100", 1, 1, eng, 256, "bf16", 2, reqs, shared_prompts=True)
+    sh = _shape(spec, "H100", 1, 1, eng, 256, "bf16", 2, reqs, shared_samples=8)
     plain = _shape(spec, "H100", 1, 1, eng, 256, "bf16", 2, reqs)
     assert sh.replica_rps > plain.replica_rps and sh.ttft_min_s < plain.ttft_min_s
     offline = serve_estimate("llama3.1-8b", gpus=1, tp=1, num_prompts=100, input_len=2048, output_len=128,

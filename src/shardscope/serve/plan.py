@@ -212,12 +212,12 @@ def cost_kv_tokens(cost: IterationCost) -> int:
 
 def _shape(
     spec: ModelSpec, gpu: str, tp: int, ep: int, eng, seqs: int, precision: str, kv_bytes: int, reqs: list[Request],
-    cached: int = 0, pp: int = 1, shared_prompts: bool = False,
+    cached: int = 0, pp: int = 1, shared_samples: int = 1,
 ) -> _Shape:  # fmt: skip
     """A deployment shape's closed-form bounds (TTFT, decode step, request rate). With a cached shared prefix
     (`cached` tokens) the bounds count only what a request computes and holds of its own: still bounds. With
-    `shared_prompts` (a prompt's samples reuse its cached KV) a group computes its prompt once and each other
-    sample at least its last token, and a sample's first token may need only that one token. A pipelined
+    `shared_samples` > 1 (that many samples of a prompt reuse its cached KV) a group computes its prompt once
+    and each other sample at least its last token, and a sample's first token may need only that one token. A pipelined
     replica's rate is bounded by PP of its passes at once, each with the whole KV pool and limit (its batches
     in flight share them: looser, still a bound)."""
     cluster = make_cluster(gpu, max(tp * pp, ep))  # wide EP: the experts spread over ep/tp replicas
@@ -230,16 +230,15 @@ def _shape(
         return _Shape(tp, ep, seqs, False, mem.weights_gib, math.inf, math.inf, 0.0, 0.0, 0.0, math.inf, pp)
     cost = IterationCost(d, e)
     p90_in = math.ceil(percentile(sorted(r.input_len for r in reqs), PERCENTILE))
-    first = 1 if shared_prompts else max(1, p90_in - cached)
+    first = 1 if shared_samples > 1 else max(1, p90_in - cached)
     alone = simulate_replica([Request(0.0, first, 1)], cost, e, mem.kv_blocks)
     min_in = max(1, min(r.input_len for r in reqs) - cached)
     window = spec.attention_window
     kvw = min(min_in + 1, window) if window else min_in + 1
     decode = cost.decode_time_s(1, min_in + 1, kvw)
     mean_in = max(1.0, sum(r.input_len for r in reqs) / len(reqs) - cached)
-    if shared_prompts:  # per group: the prompt once, then one token per further sample
-        samples = len(reqs) / len({r.group for r in reqs})
-        mean_in = (mean_in + samples - 1) / samples
+    # per group: the prompt once, then one token per further sample
+    mean_in = (mean_in + shared_samples - 1) / shared_samples
     mean_out = sum(r.output_len for r in reqs) / len(reqs)
     colocated, prefill, dec = _capacity(cost, e.max_num_batched_tokens, seqs, mean_in, mean_out)
     return _Shape(
@@ -316,6 +315,7 @@ def serve_plan(
         raise ShardscopeError(f"--prefix-len must be at least 0 and below --input-len {input_len}, got {prefix_len}")
     # the shared prefix's tokens a request need not compute once cached (the bounds below start from them)
     cached = prefix_len // eng.block_size * eng.block_size if eng.prefix_caching else 0
+    shared = samples if eng.prefix_caching else 1  # a prompt's samples that reuse its cached KV
     goodput_bound = len(reqs) / reqs[-1].arrival_s  # requests/s: the run lasts at least to the last arrival
     multi_token = any(r.output_len > 1 for r in reqs)  # TPOT counts only requests of two tokens or more
     kv_bytes = 1 if kv_dtype == "fp8" else 2
@@ -327,7 +327,6 @@ def serve_plan(
 
     def shape(tp: int, ep: int, s: int, pp: int = 1) -> _Shape:
         if (key := (tp, ep, s, pp)) not in shapes:
-            shared = samples > 1 and eng.prefix_caching
             shapes[key] = _shape(spec, gpu, tp, ep, eng, s, precision, kv_bytes, reqs, cached, pp, shared)
         return shapes[key]
 
