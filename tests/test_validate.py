@@ -428,7 +428,7 @@ def test_held_out_runs_are_all_predicted():
 
     heldout = Path(__file__).resolve().parents[1] / "validation" / "heldout_runs.csv"
     report = run_validation(heldout)
-    assert report.skipped == [] and len(report.rows) == 86
+    assert report.skipped == [] and len(report.rows) == 98
     assert {r.stack for r in report.rows} == {"torchtitan", "nemo", "nemo-automodel"}
 
 

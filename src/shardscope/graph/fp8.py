@@ -6,7 +6,8 @@ wgrad); the output layer, embedding and attention stay in BF16 (Megatron-Core an
 Quantization traffic per element, in bytes (read + write), from what the kernels do:
   tensorwise (current scaling): an amax pass (read 2) then the cast (read 2, write 1)        = 5
   rowwise (torchao): the same per row; backward quantizes the high-precision input again along the
-  other axis (amax and cast, 5) instead of transposing an FP8 copy                              = 5
+  other axis (amax and cast, 5) instead of transposing an FP8 copy, and the output gradient once per
+  axis (dgrad scales it along rows, wgrad along columns: torchao `matmul_with_hp_or_float8_args`)  = 5
   delayed scaling: amax fused into the cast with last steps' scale (read 2, write 1)         = 3
   blockwise (Hopper 1x128 / 128x128) and MXFP8 (Blackwell, 1x32): one pass that writes the
   row-wise and column-wise FP8 copies with their scales (read 2, write 2)                      = 4
@@ -34,8 +35,8 @@ def quantization_bytes(plan: Plan, arch: str, input_elems: float, grad_elems: fl
     cast = CAST_BYTES[plan.fp8_recipe]
     fwd = cast * input_elems
     bwd = cast * grad_elems + (TRANSPOSE_BYTES * input_elems if needs_transpose(plan, arch) else 0.0)
-    if plan.fp8_recipe == "rowwise":
-        bwd += cast * input_elems
+    if plan.fp8_recipe == "rowwise":  # the input and the output gradient quantized along their other axis
+        bwd += cast * (input_elems + grad_elems)
     return fwd, bwd
 
 
