@@ -56,6 +56,23 @@ def test_fp8_weight_copies_carry_their_block_scales(recipe: str, gpu: str, scale
     assert weight_copy_bytes_per_param(plan, "hopper" if gpu == "H100" else "blackwell") == 2 * (1 + scales)
 
 
+def test_rowwise_quantizes_the_output_gradient_along_both_axes():
+    """torchao's rowwise recipe (`matmul_with_hp_or_float8_args`): forward scales the input along its rows;
+    backward scales the output gradient along rows for dgrad and along columns for wgrad, and the kept
+    high-precision input again along columns. Tensorwise scales each once and transposes the FP8 input."""
+    from shardscope.graph.fp8 import CAST_BYTES, TRANSPOSE_BYTES, quantization_bytes
+
+    m, c = load_model("llama3.1-8b"), make_cluster("H100", 8)
+    rowwise = make_plan(m, c, precision="fp8", fp8_recipe="rowwise")
+    tensorwise = make_plan(m, c, precision="fp8", fp8_recipe="tensorwise")
+    inputs, grads = 3.0, 7.0
+    cast = CAST_BYTES["rowwise"]
+    assert quantization_bytes(rowwise, "hopper", inputs, grads) == (cast * inputs, cast * (inputs + 2 * grads))
+    assert quantization_bytes(tensorwise, "hopper", inputs, grads) == (
+        cast * inputs, cast * grads + TRANSPOSE_BYTES * inputs,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("gpu,recipe,match", [("A100-80GB", "tensorwise", "no FP8"), ("H100", "mxfp8", "Blackwell")])
 def test_fp8_needs_hardware(gpu, recipe, match):
     with pytest.raises(ShardscopeError, match=match):

@@ -262,6 +262,40 @@ def test_torchtitan_op_sac_recomputes_every_second_matmul():
     assert tt.time.recompute_s > 2 * plain.time.recompute_s
 
 
+def test_dtensor_tp_keeps_the_gathered_input_and_op_sac_gathers_it_again():
+    """Megatron keeps the sequence-parallel shard of a column GEMM's input and re-gathers it beside dgrad;
+    DTensor's styles (torchtitan) keep the gathered tensor, and torchtitan's op-level SAC, whose save list
+    has no all-gather, re-runs each block's two TP all-gathers in backward, exposed without async TP."""
+    from shardscope.graph.build import build_stage_graph
+    from shardscope.step.core import step_costs
+
+    kw = dict(tp=8, global_batch=8, seq_len=8192, recompute="selective")
+    spec, cluster, tt = shardscope.setup("llama3.1-8b", "H100", 8, stack="torchtitan", **kw)
+    _, _, mg = shardscope.setup("llama3.1-8b", "H100", 8, stack="megatron", recompute_modules="layernorm", **kw)
+    names = {p: {c.name for c in build_stage_graph(spec, p).layer.comms} for p in (tt, mg)}
+    assert "tp all-gather attn input (wgrad)" in names[mg] - names[tt]
+    layer = next(iter(step_costs(spec, cluster, tt).layers.values()))
+    gathers = sum(e for c, e in layer.fwd.comms if c.group == "tp" and c.kind == "all_gather")
+    assert gathers > 0 and layer.recompute_comm_s == pytest.approx(gathers)
+    no_regather = step_costs(spec, cluster, shardscope.records.evolve(tt, tp_keeps_gathered_input=False))
+    assert next(iter(no_regather.layers.values())).recompute_comm_s == 0
+
+
+def test_async_tp_leaves_the_reduce_scatter_of_split_projections_exposed():
+    """PyTorch's async TP fuses a reduce-scatter only with the one matmul producing its input; torchtitan's
+    separate wq/wk/wv and w1/w3 sum their input gradients first, so those two backward reduce-scatters
+    stay exposed, where Megatron's fused linear_qkv / linear_fc1 hide theirs under the split GEMM."""
+    from shardscope.graph.build import build_stage_graph
+
+    kw = dict(tp=8, global_batch=8, seq_len=8192, tp_comm_overlap=True)
+    spec, _, tt = shardscope.setup("llama3.1-8b", "H100", 8, stack="torchtitan", compile=True, **kw)
+    _, _, mg = shardscope.setup("llama3.1-8b", "H100", 8, stack="megatron", **kw)
+    for plan, exposed in ((tt, {"tp reduce-scatter attn", "tp reduce-scatter mlp"}), (mg, set())):
+        comms = build_stage_graph(spec, plan).layer.comms
+        assert {c.name for c in comms if c.group == "tp" and c.phase == "bwd" and not c.hidden_by} == exposed
+        assert all(c.hidden_by for c in comms if c.group == "tp" and c.phase == "fwd")
+
+
 def test_gpu_marketing_names_are_read_by_part_and_memory():
     from shardscope.hardware.catalog import load_gpu
 

@@ -208,10 +208,15 @@ def gemm(name: str, m: float, n: int, k: int, fp8: bool = False, groups: int = 1
     )
 
 
+# The fused column GEMMs that model code without fusion runs as several linears on one input
+SPLIT_PROJECTIONS = ("qkv proj", "gate/up proj")
+
+
 def tp_collectives(plan: Plan, where: str, act_bytes: float, column: str = "", row: str = "") -> list[Collective]:
     """Megatron TP around one column→row parallel pair: all-reduce fwd and bwd, or with sequence
-    parallel an all-gather before and a reduce-scatter after (and their transposes in backward, plus
-    the re-gather of the saved local input for wgrad, which Megatron overlaps with dgrad). `column` and
+    parallel an all-gather before and a reduce-scatter after (and their transposes in backward, plus,
+    where the plan keeps only the local input, Megatron's re-gather of it for wgrad, overlapped with
+    dgrad: `Plan.tp_keeps_gathered_input`). `column` and
     `row` name the pair's GEMMs: an overlapped all-gather feeds the column GEMM (forward; its transpose
     in backward leaves the column GEMM's dgrad), a reduce-scatter follows the row GEMM, and each hides
     under the GEMM it is split with ("": under the unit's GEMMs together)."""
@@ -226,8 +231,11 @@ def tp_collectives(plan: Plan, where: str, act_bytes: float, column: str = "", r
     out = []
     for ph, (ag_op, rs_op) in (("fwd", (column, row)), ("bwd", (row, column))):
         out.append(Collective(f"tp all-gather {where}", "all_gather", "tp", act_bytes, ph, hide, gemm_op=ag_op))
-        out.append(Collective(f"tp reduce-scatter {where}", "reduce_scatter", "tp", act_bytes, ph, hide, gemm_op=rs_op))
-    out.append(
-        Collective(f"tp all-gather {where} input (wgrad)", "all_gather", "tp", act_bytes, "bwd", "gemm", gemm_op=column)
-    )
+        # the input gradient of split projections is a sum of matmuls, which no GEMM split hides
+        rs_hide = "" if ph == "bwd" and plan.split_projections and column in SPLIT_PROJECTIONS else hide
+        rs = Collective(f"tp reduce-scatter {where}", "reduce_scatter", "tp", act_bytes, ph, rs_hide, gemm_op=rs_op)
+        out.append(rs)
+    if not plan.tp_keeps_gathered_input:  # Megatron re-gathers its saved shard for wgrad, beside dgrad
+        name = f"tp all-gather {where} input (wgrad)"
+        out.append(Collective(name, "all_gather", "tp", act_bytes, "bwd", "gemm", gemm_op=column))
     return out

@@ -174,6 +174,23 @@ class Plan:
     causal_block_skip: bool = opt(True, "kernels", "causal flash attention skips the masked blocks", graph=True)
     causal: bool = opt(True, "kernels", "causal LM attention (False for diffusion transformers)", graph=True, cli=False)
     tp_comm_overlap: bool = opt(False, "kernels", "overlap TP collectives with GEMMs", graph=True)
+    # torchtitan's model code has one nn.Linear per projection (wq, wk, wv; w1, w3), where Megatron runs one
+    # fused GEMM (linear_qkv, linear_fc1): backward sums their input gradients before the TP reduce-scatter,
+    # so PyTorch's async TP, which fuses a reduce-scatter only with the one matmul producing its input
+    # (Inductor micro_pipeline_tp.py `fuse_matmul_reduce_scatter`: "no producer matmul found"), leaves those
+    # two reduce-scatters exposed
+    split_projections: bool = opt(
+        False, "kernels", "q/k/v and gate/up are separate linears (torchtitan), not one fused GEMM", graph=True,
+        cli=False,
+    )  # fmt: skip
+    # DTensor's parallel styles (torchtitan, NeMo AutoModel) all-gather the sequence-parallel input once and
+    # autograd keeps the gathered tensor for the column GEMMs' weight gradients; Megatron keeps its shard and
+    # all-gathers it again beside dgrad. Under op-level selective checkpointing the gather is not among the
+    # saved ops (torchtitan's `_save_list`: matmuls, attention, reduce-scatter), so backward re-runs it.
+    tp_keeps_gathered_input: bool = opt(
+        False, "kernels", "autograd keeps the all-gathered TP input (DTensor TP); no re-gather for wgrad", graph=True,
+        cli=False,
+    )  # fmt: skip
     # CUDA-graphed scopes (CUDA_GRAPH_SCOPES); () = eager, every op launched by the host
     cuda_graphs: tuple[str, ...] = opt(
         (), "kernels", "CUDA-graphed scopes (default eager): attn,mlp,moe_router,moe_preprocess,moe | full_iteration",

@@ -352,6 +352,8 @@ def _recompute_cost(
         # and the collectives issued after them (a recomputed MoE block re-runs its dispatch and combine)
         names = {op.name for op in rerun}
         rerun_comms = [(c, t) for c, t in fwd.comms if c.after in names]
+        if plan.tp_keeps_gathered_input and not plan.recompute_modules:  # op-level: the TP gathers re-run
+            rerun_comms += [(c, t) for c, t in fwd.comms if c.group == "tp" and c.kind == "all_gather"]
         rec_stall = host_stall_s(tuple(rerun), rerun_times, False, plan, rerun_comms)
         rec, rec_comm = sum(rerun_times) + rec_stall, sum(t for _, t in rerun_comms)
         if plan.recompute_alternate_mm and not plan.recompute_modules:
