@@ -432,6 +432,25 @@ def test_held_out_runs_are_all_predicted():
     assert {r.stack for r in report.rows} == {"torchtitan", "nemo", "nemo-automodel"}
 
 
+def test_the_mi300x_caveat_holds_against_its_measured_runs():
+    """The MI300X's catalog caveat ("about half as fast as this model estimates") is said with every
+    training estimate on it and quoted from the held-out MI300X runs: a model change that moves them past
+    it must move the caveat too."""
+    from pathlib import Path
+
+    import shardscope
+    from shardscope.hardware.catalog import load_gpu
+
+    heldout = Path(__file__).resolve().parents[1] / "validation" / "heldout_runs.csv"
+    rows = [r for r in run_validation(heldout).rows if r.gpu == "MI300X" and r.metric == "tokens_per_sec_per_gpu"]
+    ratios = [r.measured / r.predicted for r in rows]
+    assert len(rows) == 3 and all(0.4 < x < 0.6 for x in ratios)
+    caveat = load_gpu("MI300X").caveat
+    assert "about half as fast" in caveat
+    assert caveat in shardscope.estimate("llama3.1-8b", "MI300X", 8).warnings
+    assert not any("MI300X" in w for w in shardscope.estimate("llama3.1-8b", "H100", 8).warnings)
+
+
 def test_a_row_whose_model_a_framework_would_refuse_is_skipped_with_its_reason(tmp_path):
     header = (
         "id,source,model,params_b,arch,layers,hidden,ffn_hidden,heads,kv_heads,vocab,experts,topk,seq_len,gpu,"

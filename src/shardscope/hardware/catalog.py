@@ -53,6 +53,8 @@ class GPU:
     aliases: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
     notes: str = ""
+    # what is known to be wrong with this entry's efficiencies, said with every training estimate on it
+    caveat: str = ""
     # A measured profile (`hardware.profile.Profile`) whose times replace the rooflines where it covers an
     # op (`costs.profiled`); None: rooflines and shipped efficiencies only. Part of the GPU's identity, so
     # memoised costs of a profiled GPU are never those of the bare one.

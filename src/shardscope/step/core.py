@@ -1006,7 +1006,8 @@ def make_estimate(
         fits=memory.required_gib <= gpu.hbm_gib and memory.host_gib <= gpu.host_memory_gib,
         memory=memory,
         time=time,
-        warnings=plan_warnings(plan, sc.graph) + bubble_warning(plan, time, step_s) + extra_warnings,
+        warnings=plan_warnings(plan, sc.graph) + bubble_warning(plan, time, step_s) + extra_warnings
+        + ((gpu.caveat,) if gpu.caveat else ()),
         stack=stack,
     )
 
