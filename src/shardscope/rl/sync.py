@@ -20,7 +20,8 @@ Mechanisms (`MECHANISMS`):
 - `rdma`: one-sided RDMA reads (NIXL/UCX checkpoint engine): each rollout rank pulls what it needs from the
   trainer ranks' registered shards, in buckets, and loads it.
 
-Parts (`PARTS`): trainer-side gather/reshard, conversion (BF16->FP8 re-quantization when asked), the
+Parts (`PARTS`): communicators created inside the update (checkpoint-engine's P2P path), trainer-side
+gather/reshard, conversion (BF16->FP8 re-quantization when asked), the
 transfer (its link and bytes per rank on that link), bucketing overhead, and the load into the engine.
 They run one after another, so the total is their sum (checkpoint-engine's load counts only what the
 broadcast of the next bucket does not hide).
@@ -44,7 +45,7 @@ from shardscope.rl.weights import BF16_BYTES, FP8_BYTES_PER_PARAM, WeightInvento
 
 MECHANISMS = ("broadcast", "reshard", "ipc", "ckpt-broadcast", "ckpt-p2p", "rdma")
 PLACEMENTS = ("colocated", "disaggregated")
-PARTS = ("gather", "convert", "transfer", "bucketing", "load")
+PARTS = ("setup", "gather", "convert", "transfer", "bucketing", "load")
 # NeMo-RL's NRL_REFIT_NUM_STREAMS default (nccl-reshard-refit.md): PP stages resharded at once.
 REFIT_STREAMS = 2
 # Bucket size of the bucketed mechanisms when none is given. checkpoint-engine sizes its buckets from free
@@ -55,6 +56,10 @@ DEFAULT_BUCKET_GIB = 4.0
 # ZeroMQ's own latency test (zeromq.org, "Measuring messaging performance", local_lat/remote_lat) gives
 # tens of microseconds per round trip over ipc/tcp on one host; 50 us.
 ENGINE_ROUNDTRIP_S = 50e-6
+# Building one NCCL communicator of 8-16 ranks: the median of six "Init timings" totals that public NCCL INFO
+# logs print for ncclCommInitRank of 8- and 16-rank communicators (0.48, 0.75, 1.58, 1.99, 3.56 and 3.82 s:
+# buffer allocation, bootstrap, topology and connection set-up).
+NCCL_COMM_INIT_S = 1.8
 # The reshard path runs three eager calls per parameter (the `pre` staging hook, `xferdtensor`, the `post`
 # copy into the fused parameter; nccl-reshard-refit.md), each an eager launch from Python.
 RESHARD_CALLS_PER_PARAM = 3
@@ -162,7 +167,11 @@ class SyncSetup:
         return SyncPart("convert", memory_time_s(self.gpu, nbytes), "HBM", nbytes)
 
 
-def _estimate(mechanism: str, parts: list[SyncPart], buckets: int, received: float, notes: tuple = ()) -> SyncEstimate:
+def _estimate(
+    mechanism: str, parts: list[SyncPart], buckets: int, received: float, notes: tuple = (), setup_s: float = 0.0
+) -> SyncEstimate:
+    """The estimate of `parts` (every part but setup) behind `setup_s` of communicator creation."""
+    parts = [SyncPart("setup", setup_s, "NCCL init" if setup_s else "-", 0.0), *parts]
     slowest = max(parts, key=lambda p: p.time_s)
     return SyncEstimate(
         mechanism=mechanism,
@@ -262,7 +271,10 @@ def _checkpoint_engine(s: SyncSetup, p2p: bool) -> SyncEstimate:
     load = SyncPart("load", exposed, "host CPU + HBM", s.installed_bytes())
     bucketing = SyncPart("bucketing", buckets * (latency_s(s.cluster, group) + ENGINE_ROUNDTRIP_S), "-", 0.0)
     name = "ckpt-p2p" if p2p else "ckpt-broadcast"
-    return _estimate(name, [gather, convert, transfer, bucketing, load], buckets, nbytes)
+    # P2P updates a subgroup: `ParameterServer.update(ranks=...)` calls `dist.new_group(ranks)` inside the
+    # timed update, and its NCCL communicator is built at the first collective (`_update_per_bucket`)
+    setup_s = NCCL_COMM_INIT_S if p2p else 0.0
+    return _estimate(name, [gather, convert, transfer, bucketing, load], buckets, nbytes, setup_s=setup_s)
 
 
 def _rdma(s: SyncSetup) -> SyncEstimate:
