@@ -296,6 +296,24 @@ def test_async_tp_leaves_the_reduce_scatter_of_split_projections_exposed():
         assert all(c.hidden_by for c in comms if c.group == "tp" and c.phase == "fwd")
 
 
+def test_split_projections_run_one_gemm_per_linear():
+    """torchtitan's wq/wk/wv and w1/w3 are separate linears: each reads the shared input and runs its own
+    GEMM (the K/V ones 128 columns wide a rank at TP8), where Megatron runs one fused GEMM."""
+    from shardscope.costs.compute import gemm_passes, op_kernels, op_time_s
+    from shardscope.graph.build import build_stage_graph
+
+    kw = dict(tp=8, global_batch=8, seq_len=8192)
+    spec, cluster, tt = shardscope.setup("llama3.1-8b", "H100", 8, stack="torchtitan", **kw)
+    _, _, mg = shardscope.setup("llama3.1-8b", "H100", 8, stack="megatron", **kw)
+    ops = {p: {op.name: op for op in build_stage_graph(spec, p).layer.ops} for p in (tt, mg)}
+    assert ops[tt]["qkv proj"].splits == (512, 128, 128) and ops[tt]["gate/up proj"].splits == (1792, 1792)
+    assert not ops[mg]["qkv proj"].splits
+    assert [n for _, n, _ in gemm_passes(ops[tt]["qkv proj"], False, tt)[2]] == [512, 128, 128]
+    assert op_kernels(ops[tt]["qkv proj"], True, tt) == 3 * op_kernels(ops[mg]["qkv proj"], True, mg)
+    split, fused = (op_time_s(cluster.gpu, ops[p]["qkv proj"], False, p) for p in (tt, mg))
+    assert split > 1.5 * fused
+
+
 def test_gpu_marketing_names_are_read_by_part_and_memory():
     from shardscope.hardware.catalog import load_gpu
 

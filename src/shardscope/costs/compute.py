@@ -61,10 +61,24 @@ def gemm_time_s(
     return max(compute, memory_time_s(gpu, io))
 
 
+def gemm_passes(op: Op, backward: bool, plan: Plan) -> tuple[str, int, list[tuple[int, int, int]]]:
+    """Precision, groups and per-problem (M, N, K) of the GEMMs one phase of a GEMM op runs: forward
+    (M, N, K); backward dgrad (M, K, N) and wgrad (K, N, M), M being rows per problem of a grouped GEMM
+    (tokens per local expert); one set per separate linear of a split op (`Op.splits`)."""
+    m, _, k = op.mnk
+    g = op.groups
+    mg = max(1, round(m / g))
+    precision = "fp8" if op.fp8 and plan.precision == "fp8" else "bf16"
+    widths = op.splits or (op.mnk[1],)
+    if backward:
+        return precision, g, [p for n in widths for p in ((mg, k, n), (k, n, mg))]
+    return precision, g, [(mg, n, k) for n in widths]
+
+
 def _kernels_per_expert(op: Op, backward: bool, plan: Plan) -> int:
-    """A GEMM's kernels per expert in one phase: one GEMM forward, two backward (dgrad, wgrad), and
-    under an FP8 recipe the quantization of one operand (`QUANT_KERNELS`)."""
-    gemms = 2 if backward else 1
+    """A GEMM's kernels per expert in one phase: one GEMM forward, two backward (dgrad, wgrad), each per
+    separate linear of a split op, and under an FP8 recipe the quantization of one operand (`QUANT_KERNELS`)."""
+    gemms = (2 if backward else 1) * max(1, len(op.splits))
     return gemms + (QUANT_KERNELS[plan.fp8_recipe] if op.fp8 and plan.precision == "fp8" else 0)
 
 
@@ -98,14 +112,8 @@ def op_time_s(gpu: GPU, op: Op, backward: bool, plan: Plan) -> float:
         if measured is not None:
             return measured + gaps
     if op.kind == "gemm":
-        m, n, k = op.mnk
-        g = op.groups
-        mg = max(1, round(m / g))  # rows per problem of a grouped GEMM (tokens per local expert)
-        precision = "fp8" if op.fp8 and plan.precision == "fp8" else "bf16"
-        if not backward:
-            return gemm_time_s(gpu, mg, n, k, precision, g) + gaps
-        # dgrad: (M, K) = (M, N)(N, K) per expert; wgrad: (K, N) per expert, summed over its M rows
-        return gemm_time_s(gpu, mg, k, n, precision, g) + gemm_time_s(gpu, k, n, mg, precision, g) + gaps
+        precision, g, passes = gemm_passes(op, backward, plan)
+        return sum(gemm_time_s(gpu, m, n, k, precision, g) for m, n, k in passes) + gaps
     if op.kind == "attention":
         flops = op.bwd_flops if backward else op.flops
         # each query block loops over this rank's seq_len / cp keys, or over the window or chunk that bounds it

@@ -8,6 +8,7 @@ the same either way: only the price of an op changes.
 
 from __future__ import annotations
 
+from shardscope.costs.compute import gemm_passes
 from shardscope.costs.efficiency import DEFAULT_ATTENTION_KERNEL
 from shardscope.graph.ops import Op
 from shardscope.hardware.profile import Profile
@@ -16,16 +17,6 @@ from shardscope.plan.plan import Plan
 # The kernels a plan's `attention_kernel` runs, by the backend name the profile records: FA3-class kernels
 # are measured through cuDNN (as `costs.efficiency.attention_fraction` prices "cudnn" as fa3).
 _ATTENTION_BACKEND = {"fa3": "cudnn", "cudnn": "cudnn", "fa2": "fa2"}
-
-
-def gemm_passes(op: Op, backward: bool, plan: Plan) -> tuple[str, int, list[tuple[int, int, int]]]:
-    """Precision, groups and per-problem (M, N, K) of the GEMMs one phase of a GEMM op runs, as
-    `costs.compute.op_time_s` prices them: forward (M, N, K); backward dgrad (M, K, N) and wgrad (K, N, M)."""
-    m, n, k = op.mnk
-    g = op.groups
-    mg = max(1, round(m / g))
-    precision = "fp8" if op.fp8 and plan.precision == "fp8" else "bf16"
-    return precision, g, [(mg, k, n), (k, n, mg)] if backward else [(mg, n, k)]
 
 
 def attention_backend(plan: Plan, arch: str) -> str | None:

@@ -162,7 +162,8 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
         kvh, hd = model.kv_heads // tp, model.head_dim
         qk_hd = v_hd = hd
         q_w, k_w, v_w = nh * hd, kvh * hd, kvh * hd
-        ops.append(gemm("qkv proj", t, q_w + k_w + v_w, h, sh.fp8))
+        splits = (q_w, k_w, v_w) if plan.split_projections else ()
+        ops.append(gemm("qkv proj", t, q_w + k_w + v_w, h, sh.fp8, splits=splits))
         if model.qk_norm:
             qk_op, qk_saved, qk_comms = qk_norm("q/k norm", model, plan, (t, t), (nh, kvh))
             ops.append(qk_op)

@@ -189,9 +189,13 @@ def flash_attention(
     )
 
 
-def gemm(name: str, m: float, n: int, k: int, fp8: bool = False, groups: int = 1, te_module: bool = True) -> Op:
+def gemm(
+    name: str, m: float, n: int, k: int, fp8: bool = False, groups: int = 1, te_module: bool = True,
+    splits: tuple[int, ...] = (),
+) -> Op:
     """A GEMM (M, N, K); `groups` > 1 is a grouped GEMM of that many equal problems (MoE experts);
-    `te_module`: issued through a Transformer Engine module (else plain PyTorch)."""
+    `te_module`: issued through a Transformer Engine module (else plain PyTorch); `splits`: N run as
+    separate linears of these widths (`Op.splits`)."""
     flops = 2.0 * m * n * k
     io = BF16 * (m * k + groups * k * n + m * n)
     return Op(
@@ -205,6 +209,7 @@ def gemm(name: str, m: float, n: int, k: int, fp8: bool = False, groups: int = 1
         fp8=fp8,
         groups=groups,
         te_module=te_module,
+        splits=splits,
     )
 
 

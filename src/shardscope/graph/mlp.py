@@ -71,6 +71,7 @@ def _ffn(
     fused: bool = False,
     fused_mlp: bool = False,
     glu_input_bytes: float = BF16,
+    split: bool = False,
 ):
     """Gate/up GEMM, activation, down GEMM on `tokens` rows of width `ffn` (already TP/ETP-split), all
     tagged with the Megatron recompute `modules` that re-run them (and the activation with `act_module`).
@@ -83,7 +84,7 @@ def _ffn(
     weights in the gate/up GEMM's epilogue and its gradient in the dgrad's (TE 2.14-2.16
     `ops/fused/{forward,backward}_grouped_mlp.py`, one `grouped_mlp.py` from 2.17): no activation kernel and
     no clamp of its own; what backward needs stays saved. `glu_input_bytes`: bytes per element of the saved
-    GLU input (gate, up)."""
+    GLU input (gate, up). `split`: gate and up are separate linears (`Plan.split_projections`)."""
     h = model.hidden
     # weighted (experts), unless Transformer Engine's fused MLP computes it
     quick_geglu_copy = fused and bool(act_module) and model.glu_gate == "quick_gelu" and not fused_mlp
@@ -91,7 +92,7 @@ def _ffn(
     saved: list[Saved] = []
     pre = f"{name} " if name else ""
     if model.mlp == "swiglu":
-        ops.append(gemm(f"{pre}gate/up proj", tokens, 2 * ffn, h, fp8, groups))
+        ops.append(gemm(f"{pre}gate/up proj", tokens, 2 * ffn, h, fp8, groups, splits=(ffn, ffn) if split else ()))
         if not fused_mlp:  # the fused MLP runs the GLU in the GEMMs' epilogues
             # fused: read gate and up, write the product; backward reads the gradient, gate and up and
             # writes both gradients. Unfused (`silu(gate) * up` in eager PyTorch): silu (read, write), then
@@ -152,8 +153,9 @@ def dense_mlp_group(model: ModelSpec, plan: Plan) -> tuple[OpGroup, float, float
         *tagged([Saved("mlp norm out (mlp input)", sh.gemm_in * t_sp * h, NONE_ONLY)], "layernorm"),
     ]
     f_ops, f_saved, fi, fg = _ffn(
-        model, "", t, model.ffn_hidden // plan.tp, sh.fp8, sh.gemm_in, fused=plan.fused_swiglu
-    )
+        model, "", t, model.ffn_hidden // plan.tp, sh.fp8, sh.gemm_in, fused=plan.fused_swiglu,
+        split=plan.split_projections,
+    )  # fmt: skip
     ops += f_ops + [residual("mlp residual add", model, t_sp)]
     saved += f_saved + [Saved("down proj out", BF16 * t_sp * h, SELECTIVE_ONLY, gemm="down proj")]
     up = "gate/up proj" if model.mlp == "swiglu" else "up proj"
@@ -224,6 +226,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
             sh.gemm_in,
             modules=("moe", "shared_experts"),
             fused=plan.fused_swiglu,
+            split=plan.split_projections,
         )
         ops += scoped(s_ops, "moe" if plan.ep_comm_overlap else "moe_router")
         saved += s_saved
@@ -382,6 +385,7 @@ def moe_group(model: ModelSpec, plan: Plan, load: float) -> tuple[OpGroup, float
         fused=plan.fused_swiglu,
         fused_mlp=plan.fused_expert_mlp,
         glu_input_bytes=FP8_BLOCK_SCALED if sh.fp8 and plan.fp8_activation_cache else BF16,
+        split=plan.split_projections,
     )
     # Counts not aligned to the FP8 GEMM's rows (TE `get_align_size_for_quantization`: 32 for MXFP8, else
     # 16), by the router's padding, HybridEP's padded dispatch (`pad_multiple`, core_v0.16-0.18

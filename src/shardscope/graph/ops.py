@@ -43,6 +43,9 @@ class Op:
     cheap: bool = False
     fp8: bool = False  # a GEMM that an FP8 recipe runs in FP8 (fwd, dgrad and wgrad)
     groups: int = 1  # grouped GEMM: `groups` problems of M/groups rows each (MoE experts)
+    # gemm: the N widths of the separate linears this op stands for (model code with one nn.Linear per
+    # projection on a shared input: q, k, v or gate, up), each its own GEMM; () = one GEMM of N
+    splits: tuple[int, ...] = ()
     modules: frozenset[str] = frozenset()  # Megatron recompute modules that re-run it (see MEGATRON_MODULES)
     scope: str = ""
     host_sync: bool = False
