@@ -174,11 +174,11 @@ class Plan:
     causal_block_skip: bool = opt(True, "kernels", "causal flash attention skips the masked blocks", graph=True)
     causal: bool = opt(True, "kernels", "causal LM attention (False for diffusion transformers)", graph=True, cli=False)
     tp_comm_overlap: bool = opt(False, "kernels", "overlap TP collectives with GEMMs", graph=True)
-    # torchtitan's model code has one nn.Linear per projection (wq, wk, wv; w1, w3), where Megatron runs one
-    # fused GEMM (linear_qkv, linear_fc1): backward sums their input gradients before the TP reduce-scatter,
-    # so PyTorch's async TP, which fuses a reduce-scatter only with the one matmul producing its input
-    # (Inductor micro_pipeline_tp.py `fuse_matmul_reduce_scatter`: "no producer matmul found"), leaves those
-    # two reduce-scatters exposed
+    # torchtitan's (and transformers') model code has one nn.Linear per projection (wq, wk, wv; w1, w3), where
+    # Megatron runs one fused GEMM (linear_qkv, linear_fc1): each linear is its own GEMM over the shared input
+    # (`Op.splits`), and backward sums their input gradients before the TP reduce-scatter, so PyTorch's async
+    # TP, which fuses a reduce-scatter only with the one matmul producing its input (Inductor
+    # micro_pipeline_tp.py `fuse_matmul_reduce_scatter`: "no producer matmul found"), leaves those two exposed
     split_projections: bool = opt(
         False, "kernels", "q/k/v and gate/up are separate linears (torchtitan), not one fused GEMM", graph=True,
         cli=False,
