@@ -279,6 +279,12 @@ def test_dtensor_tp_keeps_the_gathered_input_and_op_sac_gathers_it_again():
     assert gathers > 0 and layer.recompute_comm_s == pytest.approx(gathers)
     no_regather = step_costs(spec, cluster, shardscope.records.evolve(tt, tp_keeps_gathered_input=False))
     assert next(iter(no_regather.layers.values())).recompute_comm_s == 0
+    # without recompute, what the column GEMMs keep for wgrad: the gathered input (DTensor), the shard (Megatron)
+    kept = {}
+    for p in (tt, mg):
+        saved = {s.name: s.bytes for s in build_stage_graph(spec, p).layer.saved}
+        kept[p.tp_keeps_gathered_input] = saved["attn norm out (qkv input)"] + saved["mlp norm out (mlp input)"]
+    assert kept[True] == 8 * kept[False] == 2 * 2 * 8192 * spec.hidden
 
 
 def test_async_tp_leaves_the_reduce_scatter_of_split_projections_exposed():

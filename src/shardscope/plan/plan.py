@@ -184,9 +184,10 @@ class Plan:
         cli=False,
     )  # fmt: skip
     # DTensor's parallel styles (torchtitan, NeMo AutoModel) all-gather the sequence-parallel input once and
-    # autograd keeps the gathered tensor for the column GEMMs' weight gradients; Megatron keeps its shard and
-    # all-gathers it again beside dgrad. Under op-level selective checkpointing the gather is not among the
-    # saved ops (torchtitan's `_save_list`: matmuls, attention, reduce-scatter), so backward re-runs it.
+    # autograd keeps the gathered tensor (tp x the shard's bytes) for the column GEMMs' weight gradients;
+    # Megatron keeps its shard and all-gathers it again beside dgrad. Under op-level selective checkpointing
+    # the gather is not among the saved ops (torchtitan's `_save_list`: matmuls, attention, reduce-scatter),
+    # so backward re-runs it.
     tp_keeps_gathered_input: bool = opt(
         False, "kernels", "autograd keeps the all-gathered TP input (DTensor TP); no re-gather for wgrad", graph=True,
         cli=False,
