@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 
 from shardscope.costs.comm import GroupPlacement, collective_time_s, place_group
-from shardscope.costs.compute import group_times_s, memory_time_s
+from shardscope.costs.compute import gemm_passes, gemm_time_s, group_times_s, memory_time_s
 from shardscope.costs.efficiency import EP_OVERLAP_FRACTION, overlap_slowdown
 from shardscope.costs.fsdp import fsdp_copy_times_s
 from shardscope.costs.host import host_stall_s, moe_graphed
@@ -197,9 +197,11 @@ def _add_comms(
             if c.gemm_op and c.hidden_by == "gemm":
                 if per_gemm is None:
                     per_gemm = _gemm_times(cluster, plan, unit, phase == "bwd")
-                if c.gemm_op in per_gemm:
-                    hidden = min(hidden, per_gemm[c.gemm_op])
-                    per_gemm[c.gemm_op] -= hidden
+                # backward: an all-gather feeds (or runs beside) its GEMM's dgrad, a reduce-scatter the rest
+                key = (c.gemm_op, "dgrad" if c.kind == "all_gather" else "wgrad") if phase == "bwd" else c.gemm_op
+                if key in per_gemm:
+                    hidden = min(hidden, per_gemm[key])
+                    per_gemm[key] -= hidden
             budget[c.hidden_by] -= hidden
             cost.paired_hidden_s += hidden if paired else 0.0
         cost.hidden_s += hidden
@@ -208,10 +210,20 @@ def _add_comms(
     return cost
 
 
-def _gemm_times(cluster: Cluster, plan: Plan, unit: OpGroup, backward: bool) -> dict[str, float]:
-    """Each GEMM op's time in the unit's forward or backward (dgrad and wgrad), by op name."""
+def _gemm_times(cluster: Cluster, plan: Plan, unit: OpGroup, backward: bool) -> dict:
+    """Each GEMM op's time in the unit's forward, by op name; backward, by (name, "dgrad" | "wgrad"): its
+    time split in the ratio of its dgrad and wgrad GEMMs' rooflines."""
     times = group_times_s(cluster.gpu, unit, plan)[backward]
-    return {op.name: t for op, t in zip(unit.ops, times, strict=True) if op.kind == "gemm"}
+    gemms = [(op, t) for op, t in zip(unit.ops, times, strict=True) if op.kind == "gemm"]
+    if not backward:
+        return {op.name: t for op, t in gemms}
+    out: dict = {}
+    for op, t in gemms:
+        precision, g, passes = gemm_passes(op, True, plan)
+        parts = [gemm_time_s(cluster.gpu, m, n, k, precision, g) for m, n, k in passes]
+        dgrad = sum(parts[0::2]) / max(sum(parts), 1e-30)
+        out[(op.name, "dgrad")], out[(op.name, "wgrad")] = t * dgrad, t * (1 - dgrad)
+    return out
 
 
 def _phase_cost(cluster: Cluster, plan: Plan, groups: Groups, unit: OpGroup, backward: bool) -> PhaseCost:
