@@ -65,11 +65,11 @@ def gemm_passes(op: Op, backward: bool, plan: Plan) -> tuple[str, int, list[tupl
     """Precision, groups and per-problem (M, N, K) of the GEMMs one phase of a GEMM op runs: forward
     (M, N, K); backward dgrad (M, K, N) and wgrad (K, N, M), M being rows per problem of a grouped GEMM
     (tokens per local expert); one set per separate linear of a split op (`Op.splits`)."""
-    m, _, k = op.mnk
+    m, n, k = op.mnk
     g = op.groups
     mg = max(1, round(m / g))
     precision = "fp8" if op.fp8 and plan.precision == "fp8" else "bf16"
-    widths = op.splits or (op.mnk[1],)
+    widths = op.splits or (n,)
     if backward:
         return precision, g, [p for n in widths for p in ((mg, k, n), (k, n, mg))]
     return precision, g, [(mg, n, k) for n in widths]

@@ -114,9 +114,7 @@ def attention_group(model: ModelSpec, plan: Plan, kind: LayerKind) -> tuple[OpGr
     saved: list[Saved] = [Saved("layer input", BF16 * t_sp * h, ALL)]
     norm1, stats1 = norm("attn norm", model, t_sp)
     ops += tagged([norm1], "layernorm")
-    # the column GEMMs' saved input: Megatron keeps the sequence-parallel shard, DTensor the gathered tensor
-    t_in = t if plan.tp_keeps_gathered_input else t_sp
-    saved += [stats1, *tagged([Saved("attn norm out (qkv input)", sh.gemm_in * t_in * h, NONE_ONLY)], "layernorm")]
+    saved += [stats1, *tagged([Saved("attn norm out (qkv input)", sh.gemm_in * sh.t_kept * h, NONE_ONLY)], "layernorm")]
 
     if model.mla:
         a = model.mla

@@ -91,16 +91,21 @@ def _alternate_mm_share(model: ModelSpec, plan: Plan, unit: OpGroup) -> dict[str
 @dataclass(frozen=True, slots=True)
 class Shapes:
     """One GPU's share of a micro-batch: `t` tokens enter attention (after CP), `t_sp` are held by
-    the norms / residual stream (after sequence parallel)."""
+    the norms / residual stream (after sequence parallel), `t_kept` in the input a column GEMM keeps for
+    its weight gradient (Megatron keeps the sequence-parallel shard, DTensor TP the gathered tensor:
+    `Plan.tp_keeps_gathered_input`)."""
 
     t: int
     t_sp: float
+    t_kept: float
     fp8: bool
 
     @classmethod
     def of(cls, plan: Plan) -> Shapes:
         t = plan.micro_batch * plan.seq_len // plan.cp
-        return cls(t=t, t_sp=t / plan.tp if plan.sp else t, fp8=plan.precision == "fp8")
+        t_sp = t / plan.tp if plan.sp else t
+        t_kept = t if plan.tp_keeps_gathered_input else t_sp
+        return cls(t=t, t_sp=t_sp, t_kept=t_kept, fp8=plan.precision == "fp8")
 
     @property
     def gemm_in(self) -> int:

@@ -148,10 +148,9 @@ def dense_mlp_group(model: ModelSpec, plan: Plan) -> tuple[OpGroup, float, float
     t, t_sp, h = sh.t, sh.t_sp, model.hidden
     norm2, stats2 = norm("mlp norm", model, t_sp)
     ops: list[Op] = tagged([norm2], "layernorm")
-    t_in = t if plan.tp_keeps_gathered_input else t_sp  # the gate/up GEMM's saved input (as attention's)
     saved: list[Saved] = [
         stats2,
-        *tagged([Saved("mlp norm out (mlp input)", sh.gemm_in * t_in * h, NONE_ONLY)], "layernorm"),
+        *tagged([Saved("mlp norm out (mlp input)", sh.gemm_in * sh.t_kept * h, NONE_ONLY)], "layernorm"),
     ]
     f_ops, f_saved, fi, fg = _ffn(
         model, "", t, model.ffn_hidden // plan.tp, sh.fp8, sh.gemm_in, fused=plan.fused_swiglu,
