@@ -141,6 +141,21 @@ def test_bigger_buckets_mean_fewer_buckets() -> None:
     assert big.part("bucketing").time_s < small.part("bucketing").time_s
 
 
+def test_a_megatron_trainer_builds_every_full_tensor_on_every_rank() -> None:
+    """Megatron-Bridge's export (NeMo-RL's broadcast, IPC and NIXL paths): every rank broadcasts each
+    parameter over PP and all-gathers it over EP/TP, so each receives nearly the whole model; the engine
+    loads a bucket while the next is exported, so a load shorter than the export mostly hides."""
+    s = _setup(CASES[0])
+    by = _by_name(s)
+    gather = by["broadcast"].part("gather")
+    assert gather.bytes_per_rank > 0.9 * s.source.experts.bytes  # every expert of every layer, on every rank
+    assert by["rdma"].part("gather").time_s > gather.time_s  # the same export, then the paired slice staged
+    full_load = s.load(s.payload.tensors, s.payload.experts.tensors).time_s
+    assert by["broadcast"].part("load").time_s < full_load / 10 < gather.time_s
+    # shard-to-shard moves the FFN weights around the export: only the misc tensors go through it
+    assert by["reshard"].part("gather").time_s < gather.time_s / 5
+
+
 # ----- CLI --------------------------------------------------------------------------------------------------
 def test_cli_issue_command_compares_every_mechanism() -> None:
     res = CliRunner().invoke(app, ["rl-sync", *ISSUE, "--placement", "disaggregated"], env={"COLUMNS": "200"})
@@ -234,7 +249,7 @@ def test_public_file_mape_is_pinned() -> None:
     assert len(report.rows) == 16
     skipped = {s["id"]: s["reason"] for s in report.skipped}
     assert set(skipped) == {"RS-013", "RS-014", "RS-015", "RS-016"}  # GLM-4.5-Air is in the catalog
-    assert report.mape_pct == pytest.approx(25.8, abs=0.1)
+    assert report.mape_pct == pytest.approx(18.8, abs=0.1)
     by_id = {r.id: r for r in report.rows}
     assert by_id["RS-019"].predicted_s > 3 * by_id["RS-020"].predicted_s  # full experts cost what was measured
     assert by_id["RS-011"].mechanism == "reshard" and by_id["RS-018"].mechanism == "broadcast"
@@ -244,4 +259,4 @@ def test_validate_command_dispatches_on_the_columns() -> None:
     res = CliRunner().invoke(app, ["validate", str(PUBLIC), "--json"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert len(data["rows"]) == 16 and data["mape_pct"] == pytest.approx(25.8, abs=0.1)
+    assert len(data["rows"]) == 16 and data["mape_pct"] == pytest.approx(18.8, abs=0.1)

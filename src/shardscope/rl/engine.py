@@ -18,11 +18,13 @@ from shardscope.hardware.catalog import GPU
 # One mapping entry of vLLM's expert scan (tuple unpack + substring test), timed on the benches' CPU by
 # bench/vllm_expert_scan.py (117-126 ns), put on the H100 hosts' clock by HOST_PYTHON_SPEED.
 EXPERT_SCAN_ENTRY_S = 0.12e-6 * HOST_PYTHON_SPEED
-# Per tensor outside the scan: the loader's `copy_` is one eager op from Python under no_grad (engines load
-# in inference mode): 8.9-12.9 us, mean 11.1 us, on the project's H100 hosts (validation/
-# kernels_measured_h100.json `host_autograd_runs` no_grad_op_us; `LAUNCH_S` is the same op with autograd).
-# The narrow views and dict look-ups around it are not counted, so this is a lower bound.
-LOAD_TENSOR_S = 11.1e-6
+# One eager op from Python under no_grad (engines load in inference mode; refits run without autograd):
+# 8.9-12.9 us, mean 11.1 us, on the project's H100 hosts (validation/kernels_measured_h100.json
+# `host_autograd_runs` no_grad_op_us; `LAUNCH_S` is the same op with autograd).
+NO_GRAD_OP_S = 11.1e-6
+# Per tensor outside the scan: the loader's `copy_`, one such op. The narrow views and dict look-ups around
+# it are not counted, so this is a lower bound.
+LOAD_TENSOR_S = NO_GRAD_OP_S
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,13 @@ Mechanisms (`MECHANISMS`):
 - `rdma`: one-sided RDMA reads (NIXL/UCX checkpoint engine): each rollout rank pulls what it needs from the
   trainer ranks' registered shards, in buckets, and loads it.
 
+A Megatron trainer hands its weights over through Megatron-Bridge's HF export (`export_hf_weights` ->
+`stream_weights_megatron_to_hf`, used by NeMo-RL's broadcast, CUDA-IPC and NIXL paths and for the reshard's
+misc tensors): every rank walks every parameter of the model and builds the full HF tensor, broadcasting
+each from the pipeline stage that owns it over the PP group, then all-gathering its TP shards (dense) or
+its EP shards (experts) (`_export`). An FSDP trainer all-gathers each parameter over its FSDP group
+(`full_tensor`).
+
 Parts (`PARTS`): communicators created inside the update (checkpoint-engine's P2P path), trainer-side
 gather/reshard, conversion (BF16->FP8 re-quantization when asked), the
 transfer (its link and bytes per rank on that link), bucketing overhead, and the load into the engine.
@@ -32,16 +39,16 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from shardscope.costs.comm import GroupPlacement
+from shardscope.costs.comm import GroupPlacement, collective_time_s, place_group
 from shardscope.costs.compute import memory_time_s
 from shardscope.costs.host import LAUNCH_S
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import GPU, Cluster, make_cluster
 from shardscope.models.spec import ModelSpec
-from shardscope.rl.engine import load_cost
+from shardscope.rl.engine import NO_GRAD_OP_S, load_cost
 from shardscope.rl.layout import FSDP, RolloutLayout, TrainLayout
 from shardscope.rl.links import broadcast_time_s, latency_s, link_name, nic_gbps, ring_gbps, spread
-from shardscope.rl.weights import BF16_BYTES, FP8_BYTES_PER_PARAM, WeightInventory, inventory
+from shardscope.rl.weights import BF16_BYTES, FP8_BYTES_PER_PARAM, WeightGroup, WeightInventory, inventory
 
 MECHANISMS = ("broadcast", "reshard", "ipc", "ckpt-broadcast", "ckpt-p2p", "rdma")
 PLACEMENTS = ("colocated", "disaggregated")
@@ -184,18 +191,72 @@ def _estimate(
     )
 
 
-def _gather_to_one(s: SyncSetup) -> SyncPart:
-    """The trainer's shards streamed into one rank: all but its own shard, at the trainer group's ring
-    bandwidth (intra-domain members over NVLink, the rest over the domain's NICs in parallel)."""
-    group = s.train_group()
-    nbytes = s.source.bytes * (1 - 1 / s.train.gpus)
-    if group.size <= 1:
-        return SyncPart("gather", 0.0, "-", 0.0)
-    return SyncPart("gather", nbytes / (ring_gbps(s.cluster, group) * 1e9), link_name(group), nbytes)
+def _exposed_load(load: SyncPart, hidden_by_s: float, buckets: int) -> SyncPart:
+    """`load` (the engine installing all `buckets`) as far as it shows: the engine loads bucket k while the
+    sender prepares a later one (`hidden_by_s` over the update), so only each bucket's excess over its
+    share of that, and the last bucket's load, add to the update."""
+    per_bucket = load.time_s / buckets
+    exposed = (buckets - 1) * max(0.0, per_bucket - hidden_by_s / buckets) + per_bucket
+    return SyncPart("load", exposed, load.link, load.bytes_per_rank)
+
+
+def _calls_time_s(cluster: Cluster, kind: str, nbytes: float, group: GroupPlacement, calls: float) -> float:
+    """`calls` collectives of `kind` moving `nbytes` in all over `group`: the bandwidth term once, a ring's
+    hop latencies per call."""
+    if group.size <= 1 or nbytes <= 0:
+        return 0.0
+    if kind == "broadcast":
+        once = broadcast_time_s(cluster, nbytes, group)
+    else:
+        once = collective_time_s(cluster, kind, nbytes, group)
+    return once + max(0.0, calls - 1) * latency_s(cluster, group)
+
+
+def _export(s: SyncSetup, groups: tuple[WeightGroup, ...]) -> tuple[float, float]:
+    """Time and bytes received per trainer rank to build every full tensor of `groups` on every rank.
+
+    Megatron (Megatron-Bridge `stream_weights_megatron_to_hf`, one parameter at a time on every rank):
+    `broadcast_from_pp_rank` sends the owning stage's local shard over the PP group (stride tp x dp in
+    Megatron's rank order), then `gather_from_tp_ranks` all-gathers a dense weight over TP and
+    `gather_from_ep_ranks` an expert weight over EP (consecutive ranks with expert TP 1; one all-gather per
+    local expert and HF projection: gate and up apart). Megatron holds a fused gate/up (and qkv) where the
+    HF checkpoint has two (three) tensors: its broadcasts are counted at two per FFN. FSDP: `full_tensor`
+    all-gathers each parameter over the FSDP group (and TP)."""
+    t = s.train
+    cluster = s.cluster
+    experts = sum(g.bytes for g in groups if g is s.source.experts)
+    rest = sum(g.bytes for g in groups if g is not s.source.experts)
+    expert_tensors = sum(g.tensors for g in groups if g is s.source.experts)
+    rest_tensors = sum(g.tensors for g in groups if g is not s.source.experts)
+    tp_group = place_group(cluster, t.tp, 1)
+    if t.stack == FSDP:
+        shard_group = place_group(cluster, t.fsdp, t.tp)
+        total = experts + rest
+        tensors = expert_tensors + rest_tensors
+        time_s = _calls_time_s(cluster, "all_gather", total, shard_group, tensors)
+        time_s += _calls_time_s(cluster, "all_gather", rest, tp_group, rest_tensors)
+        return time_s, total * (1 - 1 / s.train.gpus)
+    mats = 3 if s.model.mlp == "swiglu" else 2
+    ep_group = place_group(cluster, t.ep, 1)
+    pp_group = place_group(cluster, t.pp, t.tp * t.dp)
+    local = experts / t.ep + rest / t.tp  # one stage's shard of each parameter, summed over the stages
+    broadcasts = expert_tensors / t.ep * 2 / mats + rest_tensors
+    time_s = _calls_time_s(cluster, "broadcast", local, pp_group, broadcasts)
+    time_s += _calls_time_s(cluster, "all_gather", experts, ep_group, expert_tensors / t.ep)
+    time_s += _calls_time_s(cluster, "all_gather", rest, tp_group, rest_tensors)
+    received = local * (1 - 1 / t.pp) + experts * (1 - 1 / t.ep) + rest * (1 - 1 / t.tp)
+    return time_s, received
+
+
+def _gather(s: SyncSetup, groups: tuple[WeightGroup, ...] | None = None) -> SyncPart:
+    """The trainer-side export of `groups` (default: the whole checkpoint) as a part."""
+    time_s, received = _export(s, s.source.groups if groups is None else groups)
+    link = link_name(s.train_group()) if received else "-"
+    return SyncPart("gather", time_s, link, received)
 
 
 def _broadcast(s: SyncSetup) -> SyncEstimate:
-    gather = _gather_to_one(s)
+    gather = _gather(s)
     convert = s.convert(s.source.quantizable_params)  # the one source rank converts everything
     # The broadcast communicator spans every trainer and rollout rank (NeMo-RL's `model_update_group`), so
     # its rings cross each domain on all of the domain's NICs.
@@ -204,7 +265,10 @@ def _broadcast(s: SyncSetup) -> SyncEstimate:
     transfer = SyncPart("transfer", broadcast_time_s(s.cluster, nbytes, group), link_name(group), nbytes)
     buckets = max(1, math.ceil(nbytes / s.bucket_bytes))
     bucketing = SyncPart("bucketing", buckets * (latency_s(s.cluster, group) + LAUNCH_S), "-", 0.0)
-    load = s.load(s.payload.tensors, s.payload.experts.tensors)  # every rank is handed every full tensor
+    # Every rank is handed every full tensor. NeMo-RL's consumer loads pack k while the producer exports
+    # pack k+1 (two buffers, `packed_broadcast_producer`); the export and the broadcast share the trainer's
+    # NICs, so they add.
+    load = _exposed_load(s.load(s.payload.tensors, s.payload.experts.tensors), gather.time_s, buckets)
     return _estimate("broadcast", [gather, convert, transfer, bucketing, load], buckets, nbytes)
 
 
@@ -222,8 +286,10 @@ def _reshard(s: SyncSetup) -> SyncEstimate:
     misc_group = s.all_group()
     misc_s = broadcast_time_s(s.cluster, p.other.bytes, misc_group)
     transfer = SyncPart("transfer", bulk_s + misc_s, link, recv + p.other.bytes)
-    # Trainer side: grouped experts are stacked into one [local_experts, ...] tensor per refit (a copy).
-    gather = SyncPart("gather", memory_time_s(s.gpu, 2 * send), "HBM", send)
+    # Trainer side: grouped experts are stacked into one [local_experts, ...] tensor per refit (a copy);
+    # the misc tensors go through the conventional path, the HF export (`_export`), first.
+    misc_export_s, misc_received = _export(s, (s.source.other,))
+    gather = SyncPart("gather", memory_time_s(s.gpu, 2 * send) + misc_export_s, "HBM", send + misc_received)
     convert = s.convert(s.source.quantizable_params / s.train.gpus)
     params = p.moe_layers * 3 + (p.dense_ffn.tensors if p.precision == "bf16" else p.dense_ffn.tensors // 2)
     bucketing = SyncPart("bucketing", params * RESHARD_CALLS_PER_PARAM * LAUNCH_S, "host CPU", 0.0)
@@ -236,10 +302,7 @@ def _reshard(s: SyncSetup) -> SyncEstimate:
 def _ipc(s: SyncSetup) -> SyncEstimate:
     if s.placement != "colocated":
         raise ShardscopeError("CUDA-IPC needs the trainer and the engine on the same GPUs (--placement colocated)")
-    group = s.train_group()
-    nbytes = s.source.bytes
-    gather_s = nbytes * (1 - 1 / group.size) / (ring_gbps(s.cluster, group) * 1e9) if group.size > 1 else 0.0
-    gather = SyncPart("gather", gather_s, link_name(group) if group.size > 1 else "-", nbytes * (1 - 1 / group.size))
+    gather = _gather(s)
     convert = s.convert(s.source.quantizable_params)  # every rank converts every full tensor it hands over
     # The gathered tensor is copied into the IPC-shared buffer the engine reads: a device copy per rank.
     transfer = SyncPart("transfer", memory_time_s(s.gpu, 2 * s.payload.bytes), "CUDA IPC (HBM)", 0.0)
@@ -280,17 +343,26 @@ def _checkpoint_engine(s: SyncSetup, p2p: bool) -> SyncEstimate:
 def _rdma(s: SyncSetup) -> SyncEstimate:
     p, local = s.payload, s.local_experts
     recv = s.expert_bytes_received(local) + p.dense_ffn.bytes + p.other.bytes  # non-experts arrive whole
-    send = recv * s.rollout.gpus / s.train.gpus  # pulls spread over the trainer ranks that hold the shards
+    # each rollout rank reads from the trainer rank paired with it (NIXL: policy rank i serves rollout rank
+    # i); with fewer trainer ranks than rollout ranks, each would serve several
+    send = recv * max(1.0, s.rollout.gpus / s.train.gpus)
     bw, link = s.cross_link()
     transfer = SyncPart("transfer", max(recv, send) / (bw * 1e9), link, recv)
-    # Trainer side: its shard staged into the registered (HF-layout) buffers the readers pull from.
-    shard = s.source.bytes / s.train.gpus
-    gather = SyncPart("gather", memory_time_s(s.gpu, 2 * shard), "HBM", shard)
+    # Trainer side: every rank runs the whole HF export (`_export`); the rank paired with a rollout rank
+    # (NIXL: policy rank i serves rollout rank i) keeps what that rank loads, each expert tensor narrowed to
+    # its slice and made contiguous, and copies every kept tensor into the registered bucket: one eager op
+    # each, two for a sliced expert, plus the copy of the bytes.
+    export_s, exported = _export(s, s.source.groups)
+    experts_in = s.expert_tensors_received(local)
+    ops = experts_in * (2 if local else 1) + p.dense_ffn.tensors + p.other.tensors
+    staging_s = ops * NO_GRAD_OP_S + memory_time_s(s.gpu, 2 * recv)
+    gather = SyncPart("gather", export_s + staging_s, link_name(s.train_group()), exported)
     convert = s.convert(s.source.quantizable_params / s.train.gpus)
     buckets = max(1, math.ceil(recv / s.bucket_bytes))
     bucketing = SyncPart("bucketing", buckets * (ENGINE_ROUNDTRIP_S + LAUNCH_S), "host CPU", 0.0)
-    experts_in = s.expert_tensors_received(local)
-    load = s.load(experts_in + p.dense_ffn.tensors + p.other.tensors, experts_in)
+    # The rollout rank loads bucket k while the source exports the next (two registered buffers); the export
+    # and the RDMA reads share the source's NICs, so they add.
+    load = _exposed_load(s.load(experts_in + p.dense_ffn.tensors + p.other.tensors, experts_in), export_s, buckets)
     notes = () if local else ("every rollout rank receives every expert",)
     return _estimate("rdma", [gather, convert, transfer, bucketing, load], buckets, recv, notes)
 
