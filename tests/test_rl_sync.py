@@ -246,10 +246,14 @@ def test_mechanism_read_from_the_column_only() -> None:
 def test_public_file_mape_is_pinned() -> None:
     """Recomputed from the shipped CSV: a change to any mechanism or constant moves these numbers."""
     report = run_rl_validation(PUBLIC)
-    assert len(report.rows) == 16
+    assert len(report.rows) == 19
     skipped = {s["id"]: s["reason"] for s in report.skipped}
-    assert set(skipped) == {"RS-013", "RS-014", "RS-015", "RS-016"}  # GLM-4.5-Air is in the catalog
-    assert report.mape_pct == pytest.approx(18.8, abs=0.1)
+    assert set(skipped) == {"RS-015"}  # Qwen3.5-397B (hybrid linear attention) is not in the catalog
+    assert report.mape_pct == pytest.approx(28.3, abs=0.1)
+    # the rows whose layouts the shared file leaves blank (RS-013/014/016, stated in the design doc's table)
+    # are the reshard rows furthest off: without them the file is at 18.8%
+    stated = [r for r in report.rows if r.id not in ("RS-013", "RS-014", "RS-016")]
+    assert sum(abs(r.error_pct) for r in stated) / len(stated) == pytest.approx(18.8, abs=0.1)
     by_id = {r.id: r for r in report.rows}
     assert by_id["RS-019"].predicted_s > 3 * by_id["RS-020"].predicted_s  # full experts cost what was measured
     assert by_id["RS-011"].mechanism == "reshard" and by_id["RS-018"].mechanism == "broadcast"
@@ -259,4 +263,4 @@ def test_validate_command_dispatches_on_the_columns() -> None:
     res = CliRunner().invoke(app, ["validate", str(PUBLIC), "--json"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert len(data["rows"]) == 16 and data["mape_pct"] == pytest.approx(18.8, abs=0.1)
+    assert len(data["rows"]) == 19 and data["mape_pct"] == pytest.approx(28.3, abs=0.1)
