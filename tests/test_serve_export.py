@@ -84,7 +84,7 @@ def fake_result(model, engine, gpus, tp, ep=1, replicas=1, prefill=0, seqs=256, 
     )  # fmt: skip
     return ServePlanResult(
         model=model, gpu="H100", max_gpus=gpus, engine=engine, precision=precision, kv_dtype=kv, dataset="fixed",
-        rate_requests_per_s=10.0, input_len=1024, output_len=256, num_prompts=1000, slo_ttft_ms=500.0,
+        rate_prompts_per_s=10.0, input_len=1024, output_len=256, num_prompts=1000, slo_ttft_ms=500.0,
         slo_tpot_ms=30.0, slo_percentile=90.0, searched=Searched(), search_s=0.0, plans=[plan],
     )  # fmt: skip
 

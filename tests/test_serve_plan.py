@@ -303,6 +303,8 @@ def test_sampled_prompts_bounds_hold_and_the_plan_resimulates() -> None:
     result = serve_plan("llama3.1-8b", **kw)
     best = result.plans[0]
     assert "--samples 8" in best.serve_command and result.samples == 8
+    # the rate counts prompts; the JSON states both, each under its own unit
+    assert result.to_dict()["rate_prompts_per_s"] == 1.0 and result.to_dict()["rate_requests_per_s"] == 8.0
     res = runner.invoke(app, best.serve_command.split()[1:] + ["--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)

@@ -36,7 +36,7 @@ def curve(result: ServePlanResult, plan: ServePlan) -> list[dict]:
         f = factors.pop(0)
         r = serve_estimate(
             result.model, gpu=result.gpu, gpus=plan.gpus, tp=plan.tp, pp=plan.pp, ep=plan.ep, engine=result.engine,
-            precision=result.precision, kv_dtype=result.kv_dtype, rate=result.rate_requests_per_s * f,
+            precision=result.precision, kv_dtype=result.kv_dtype, rate=result.rate_prompts_per_s * f,
             num_prompts=result.num_prompts, input_len=result.input_len, output_len=result.output_len,
             dataset=result.dataset, seed=result.seed, max_num_seqs=plan.max_num_seqs,
             slo_ttft_ms=result.slo_ttft_ms, slo_tpot_ms=result.slo_tpot_ms, disaggregate=plan.disaggregate,
@@ -45,7 +45,7 @@ def curve(result: ServePlanResult, plan: ServePlan) -> list[dict]:
         points.append(
             {
                 "factor": f,
-                "offered_requests_per_s": result.rate_requests_per_s * f * result.samples,
+                "offered_requests_per_s": result.rate_requests_per_s * f,
                 "requests_per_s": r.requests_per_s,
                 "goodput_requests_per_s": r.goodput_requests_per_s or 0.0,
                 "output_tokens_per_s_per_gpu": r.output_tokens_per_s_per_gpu,
@@ -69,7 +69,7 @@ def page_data(result: ServePlanResult, curves: int = CURVES) -> dict:
         "slos": ", ".join(slos),
         "slo_ttft_ms": result.slo_ttft_ms,
         "slo_tpot_ms": result.slo_tpot_ms,
-        "rate_requests_per_s": result.rate_requests_per_s * result.samples,
+        "rate_requests_per_s": result.rate_requests_per_s,
         "plans": [{"label": deployment_label(p), **p.to_dict()} for p in result.plans],
         "curves": [{"label": deployment_label(p), "points": curve(result, p)} for p in result.plans[:curves]],
     }

@@ -103,7 +103,7 @@ class ServePlanResult:
     precision: str
     kv_dtype: str
     dataset: str
-    rate_requests_per_s: float
+    rate_prompts_per_s: float  # the Poisson rate as given: prompts/s (requests/s where samples == 1)
     input_len: int
     output_len: int
     num_prompts: int
@@ -118,14 +118,20 @@ class ServePlanResult:
     samples: int = 1  # sequences per prompt (requests = prompts x samples; the rate counts prompts)
 
     @property
+    def rate_requests_per_s(self) -> float:
+        """Requests offered per second: every prompt's samples are requests."""
+        return self.rate_prompts_per_s * self.samples
+
+    @property
     def arrivals(self) -> str:
         """The Poisson rate as the user gave it: requests/s, or prompts/s each sampled n times."""
         if self.samples == 1:
-            return f"{self.rate_requests_per_s:g} requests/s"
-        return f"{self.rate_requests_per_s:g} prompts/s x {self.samples} samples"
+            return f"{self.rate_prompts_per_s:g} requests/s"
+        return f"{self.rate_prompts_per_s:g} prompts/s x {self.samples} samples"
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        out["rate_requests_per_s"] = self.rate_requests_per_s
         out["plans"] = [p.to_dict() for p in self.plans]
         return out
 
@@ -413,7 +419,7 @@ def serve_plan(
                                multi_token, closest))  # fmt: skip
     return ServePlanResult(
         model=spec.name, gpu=cluster.gpu.name, max_gpus=gpus, engine=eng.label, precision=precision,
-        kv_dtype=kv_dtype, dataset=dataset, rate_requests_per_s=rate, input_len=input_len, output_len=output_len,
+        kv_dtype=kv_dtype, dataset=dataset, rate_prompts_per_s=rate, input_len=input_len, output_len=output_len,
         num_prompts=num_prompts, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, slo_percentile=PERCENTILE,
         searched=searched, search_s=time.perf_counter() - start, plans=found[:top], seed=seed,
         prefix_len=prefix_len, samples=samples,
