@@ -193,8 +193,9 @@ def _estimate(
 
 def _exposed_load(load: SyncPart, hidden_by_s: float, buckets: int) -> SyncPart:
     """`load` (the engine installing all `buckets`) as far as it shows: the engine loads bucket k while the
-    sender prepares a later one (`hidden_by_s` over the update), so only each bucket's excess over its
-    share of that, and the last bucket's load, add to the update."""
+    sender moves or prepares a later one (`hidden_by_s` over the update: checkpoint-engine's broadcast, the
+    trainer's export), so only each bucket's excess over its share of that, and the last bucket's load, add
+    to the update."""
     per_bucket = load.time_s / buckets
     exposed = (buckets - 1) * max(0.0, per_bucket - hidden_by_s / buckets) + per_bucket
     return SyncPart("load", exposed, load.link, load.bytes_per_rank)
@@ -326,12 +327,9 @@ def _checkpoint_engine(s: SyncSetup, p2p: bool) -> SyncEstimate:
     convert = s.convert(s.source.quantizable_params / world)
     group = s.rollout_group()
     bcast = broadcast_time_s(s.cluster, bucket, group) + memory_time_s(s.gpu, 2 * bucket)  # + owner's D2D
-    reload = s.load(s.payload.tensors / buckets, s.payload.experts.tensors / buckets,
-                    installed=s.installed_bytes() / buckets).time_s  # fmt: skip
     transfer = SyncPart("transfer", buckets * bcast, link_name(group), nbytes)
-    # The engine reloads bucket k while bucket k+1 is broadcast; only the excess, and the last, show.
-    exposed = (buckets - 1) * max(0.0, reload - bcast) + reload
-    load = SyncPart("load", exposed, "host CPU + HBM", s.installed_bytes())
+    # The engine reloads bucket k while bucket k+1 is broadcast
+    load = _exposed_load(s.load(s.payload.tensors, s.payload.experts.tensors), transfer.time_s, buckets)
     bucketing = SyncPart("bucketing", buckets * (latency_s(s.cluster, group) + ENGINE_ROUNDTRIP_S), "-", 0.0)
     name = "ckpt-p2p" if p2p else "ckpt-broadcast"
     # P2P updates a subgroup: `ParameterServer.update(ranks=...)` calls `dist.new_group(ranks)` inside the

@@ -363,9 +363,11 @@ def _recompute_cost(
         # the re-run forward ops are issued by the host too (a recomputed MoE block re-runs its expert loop),
         # and the collectives issued after them (a recomputed MoE block re-runs its dispatch and combine)
         names = {op.name for op in rerun}
-        rerun_comms = [(c, t) for c, t in fwd.comms if c.after in names]
-        if plan.tp_keeps_gathered_input and not plan.recompute_modules:  # op-level: the TP gathers re-run
-            rerun_comms += [(c, t) for c, t in fwd.comms if c.group == "tp" and c.kind == "all_gather"]
+        regathers = plan.tp_keeps_gathered_input and not plan.recompute_modules  # op-level: TP gathers re-run
+        rerun_comms = [
+            (c, t) for c, t in fwd.comms
+            if c.after in names or (regathers and c.group == "tp" and c.kind == "all_gather")
+        ]  # fmt: skip
         rec_stall = host_stall_s(tuple(rerun), rerun_times, False, plan, rerun_comms)
         rec, rec_comm = sum(rerun_times) + rec_stall, sum(t for _, t in rerun_comms)
         if plan.recompute_alternate_mm and not plan.recompute_modules:
@@ -1018,7 +1020,9 @@ def make_estimate(
         fits=memory.required_gib <= gpu.hbm_gib and memory.host_gib <= gpu.host_memory_gib,
         memory=memory,
         time=time,
-        warnings=plan_warnings(plan, sc.graph) + bubble_warning(plan, time, step_s) + extra_warnings
+        warnings=plan_warnings(plan, sc.graph)
+        + bubble_warning(plan, time, step_s)
+        + extra_warnings
         + ((gpu.caveat,) if gpu.caveat else ()),
         stack=stack,
     )
