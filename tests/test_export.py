@@ -471,8 +471,9 @@ def test_megatron_releases_refuse_what_came_later():
 
 def test_export_searches_only_runnable_plans():
     """`--export X` searches only plans X can run, under X's stack: every plan of the DeepSpeed search runs
-    under DeepSpeed (no ZeRO-3 with AutoTP, no ZeRO-2/3 with PP), while the same search without the export
-    ranks plans DeepSpeed cannot run; the exported plan is the best of the runnable ones."""
+    under DeepSpeed (no ZeRO-3 with AutoTP, no ZeRO-2/3 with PP), while a search naming no framework ranks
+    plans DeepSpeed cannot run; the exported plan is the best of the runnable ones. `--stack X` alone keeps
+    to what X runs as well, ranked as the export ranks them."""
     from shardscope.planner.runner import plan_search
 
     options = dict(
@@ -481,17 +482,24 @@ def test_export_searches_only_runnable_plans():
         executor="local",
     )  # fmt: skip
     m = load_model("llama3.1-8b")
-    free = plan_search(**options, export=None, stack="deepspeed")
+    free = plan_search(**options, export=None, stack=None)
     assert any(runnable_problems("deepspeed", m, c.plan) for c in free.best)
+    named = plan_search(**options, export=None, stack="deepspeed")
+    assert named.best and not any(runnable_problems("deepspeed", m, c.plan) for c in named.best)
     runnable = plan_search(**options, export="deepspeed")
     assert runnable.best and not any(runnable_problems("deepspeed", m, c.plan) for c in runnable.best)
     best, fastest = runnable.best[0], free.best[0]
     assert best.estimate.tokens_per_s_per_gpu <= fastest.estimate.tokens_per_s_per_gpu
     assert all(c.plan.linear_impl == "torch" for c in runnable.best)  # priced under the DeepSpeed stack
     assert runnable.export_text == export("deepspeed", m, best.plan, launch_for(best.plan, 8, 100e9))
+    assert [c.plan for c in named.best] == [c.plan for c in runnable.best]
     titan = plan_search(**options, export="torchtitan")
     assert titan.best and not any(runnable_problems("torchtitan@0.3", m, c.plan) for c in titan.best)
     assert all(c.plan.fsdp or (c.plan.zero == 0) for c in titan.best)
+    # an older torchtitan (no exporter) keeps to the first exported release's constraints: no Megatron module lists
+    old = plan_search(**options, export=None, stack="torchtitan@0.0")
+    assert old.best and not any(c.plan.recompute_modules for c in old.best)
+    assert not any(runnable_problems("torchtitan@0.2", m, c.plan) for c in old.best)
 
 
 @pytest.mark.parametrize(

@@ -256,7 +256,8 @@ def plan(
     as_json: AsJson = False,
     **search: Any,
 ) -> None:
-    """Search every valid plan, prune by memory, rank by throughput (or memory / cost)."""
+    """Search every valid plan, prune by memory, rank by throughput (or memory / cost). With --stack or --export
+    naming torchtitan, Megatron-LM or DeepSpeed, only the plans that framework runs are searched."""
     from shardscope.planner.runner import plan_document, plan_search
 
     options = dict(search, model=model, top=top, tokens=tokens, export=export, executor=executor)

@@ -11,7 +11,7 @@ from shardscope.models.catalog import load_model
 from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import check_precision, check_scale
 from shardscope.planner.cost import parse_tokens, training_cost
-from shardscope.planner.export import ExportTarget, export_target, launch_for, search_problems
+from shardscope.planner.export import ExportTarget, constraints_target, export_target, launch_for, search_problems
 from shardscope.planner.export import export as export_plan
 from shardscope.planner.search import Candidate, SearchResult, search
 from shardscope.planner.space import SHARDINGS, SearchSpace, moe_choices
@@ -155,6 +155,8 @@ def plan_search(
     n_tokens = parse_tokens(tokens) if tokens else None
     if target is not None:
         space = _exportable_space(target, spec, space, seq_len, global_batch)
+    elif stack is not None and (framework := _stack_framework(stack)) is not None:
+        space = _exportable_space(framework, spec, space, seq_len, global_batch, asked=f"--stack {stack}")
     result = search(spec, cluster, global_batch, seq_len, objective, space, workers, executor, progress=progress)
     if not result.candidates:
         runnable = f" that {target.label} can run" if target else ""
@@ -194,12 +196,20 @@ def runnable_export(export: str, stack: str | None) -> ExportTarget:
     return target
 
 
+def _stack_framework(stack: str) -> ExportTarget | None:
+    """The framework release whose constraints a search under `--stack` alone keeps to (`constraints_target`):
+    a plan offered under torchtitan's stack is one torchtitan can run, as with `--export torchtitan`."""
+    from shardscope.stacks import load_stack
+
+    return constraints_target(load_stack(stack))
+
+
 def _exportable_space(
-    target: ExportTarget, spec: ModelSpec, space: SearchSpace, seq_len: int, global_batch: int
+    target: ExportTarget, spec: ModelSpec, space: SearchSpace, seq_len: int, global_batch: int, asked: str = ""
 ) -> SearchSpace:
     """`space` searching only what `target` can run (`SearchSpace.runnable_by`); refused before the search where
     the settings every plan shares (precision, FP8 recipe, kernels, a fixed dispatcher or EP overlap) are
-    what the framework release cannot run."""
+    what the framework release cannot run. `asked`: the option that chose `target` (default `--export`)."""
     from dataclasses import replace
 
     from shardscope.plan.plan import Plan
@@ -219,7 +229,7 @@ def _exportable_space(
     }
     probe = Plan(**(dict(space.kernels) | shared))
     if problems := search_problems(target, spec, probe):
-        raise ShardscopeError(f"--export {target.label} cannot run {spec.name} as asked: {problems[0]}")
+        raise ShardscopeError(f"{asked or '--export ' + target.label} cannot run {spec.name} as asked: {problems[0]}")
     return replace(space, runnable_by=target.label)
 
 

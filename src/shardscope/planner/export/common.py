@@ -19,6 +19,7 @@ from shardscope.models.spec import ModelSpec
 from shardscope.plan.plan import MOMENT_BYTES, Plan
 from shardscope.stacks import Stack, load_stack
 from shardscope.stacks.registry import _version as release_key
+from shardscope.stacks.registry import known_releases
 
 FORMATS = ("torchtitan", "megatron", "deepspeed")
 # The releases each exporter writes (the stack file's releases it has been checked against). torchtitan 0.2
@@ -69,6 +70,22 @@ def export_target(spec: str) -> ExportTarget:
             f"--export {stack.label}: the {stack.name} export is written for releases {', '.join(releases)}"
         )
     return ExportTarget(stack.name, stack.release, stack)
+
+
+def constraints_target(stack: Stack) -> ExportTarget | None:
+    """The exported release whose constraints say what `stack`'s framework can run, for a search priced under
+    `stack` without `--export`: its own release where the exporter writes it, else the nearest one written
+    (the first at or after it, or the last); None for a framework without an exporter."""
+    releases = EXPORT_RELEASES.get(stack.name)
+    if not releases:
+        return None
+    if stack.release in releases:
+        return ExportTarget(stack.name, stack.release, stack)
+    known = known_releases(stack.name)  # the stack file's releases, oldest first
+    at = known.index(stack.release) if stack.release in known else len(known)
+    later = [r for r in known[at:] if r in releases]
+    release = later[0] if later else releases[-1]
+    return ExportTarget(stack.name, release, load_stack(f"{stack.name}@{release}"))
 
 
 @dataclass(frozen=True, slots=True)
