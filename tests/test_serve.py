@@ -294,6 +294,32 @@ def test_validation_reads_settings_from_columns_only(tmp_path: Path) -> None:
     assert row.predicted == pytest.approx((prompt - eng.host_s_per_iteration) * 1e3, rel=1e-9)
 
 
+def test_a_prefill_measured_under_the_compute_floor_is_named_and_kept(tmp_path: Path) -> None:
+    """A prompt batch measured faster than its GEMMs run at the GPUs' dense peak cannot be what the row says:
+    the report names it (the floor worked by hand: 2 FLOPs per weight and token over TP x peak) and keeps it
+    in the MAPE; a plausible row is not named."""
+    from shardscope.serve.validate import run_inference_validation
+
+    with PUBLIC_INFERENCE.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        rows = [r for r in reader if r["id"] in ("splitwise-0001", "splitwise-0025")]
+        fields = reader.fieldnames
+    path = tmp_path / "floor.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    report = run_inference_validation(path)
+    spec = load_model("llama2-70b")
+    weights = spec.params_active - spec.embedding_params - spec.lm_head_params
+    floor_ms = 2 * weights * 64 * 512 / (2 * make_cluster("A100-80GB", 1).gpu.bf16_tflops * 1e12) * 1e3
+    by_id = {r.id: r for r in report.rows}
+    assert by_id["splitwise-0025"].measured < floor_ms  # 64 prompts of 512 tokens on two A100s in 0.8 s
+    assert by_id["splitwise-0025"].below_floor_ms == pytest.approx(floor_ms, rel=1e-9)
+    assert by_id["splitwise-0001"].below_floor_ms == 0.0
+    assert report.overall.n == 2  # kept in the MAPE
+
+
 def test_cli_validate_dispatches_inference_file(tmp_path: Path) -> None:
     with PUBLIC_INFERENCE.open(newline="") as fh:
         lines = fh.readlines()
