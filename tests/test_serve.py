@@ -244,17 +244,23 @@ PINNED_MAPE = {
 }
 
 
-def _public_subset(tmp_path: Path) -> Path:
+def _public_rows_csv(path: Path, keep) -> Path:
+    """The public inference rows for which `keep(row)` holds, written to `path`."""
     with PUBLIC_INFERENCE.open(newline="") as fh:
         reader = csv.DictReader(fh)
-        rows = [r for r in reader if not r["id"].startswith("trt017") or r["model"] == "LLaMA v3.1 8B"]
+        rows = [r for r in reader if keep(r)]
         fields = reader.fieldnames
-    out = tmp_path / "inference_subset.csv"
-    with out.open("w", newline="") as fh:
+    with path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
-    return out
+    return path
+
+
+def _public_subset(tmp_path: Path) -> Path:
+    return _public_rows_csv(
+        tmp_path / "inference_subset.csv", lambda r: not r["id"].startswith("trt017") or r["model"] == "LLaMA v3.1 8B"
+    )
 
 
 def test_public_inference_mape_is_pinned(tmp_path: Path) -> None:
@@ -300,15 +306,7 @@ def test_a_prefill_measured_under_the_compute_floor_is_named_and_kept(tmp_path: 
     in the MAPE; a plausible row is not named."""
     from shardscope.serve.validate import run_inference_validation
 
-    with PUBLIC_INFERENCE.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        rows = [r for r in reader if r["id"] in ("splitwise-0001", "splitwise-0025")]
-        fields = reader.fieldnames
-    path = tmp_path / "floor.csv"
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
+    path = _public_rows_csv(tmp_path / "floor.csv", lambda r: r["id"] in ("splitwise-0001", "splitwise-0025"))
     report = run_inference_validation(path)
     spec = load_model("llama2-70b")
     weights = spec.params_active - spec.embedding_params - spec.lm_head_params

@@ -153,13 +153,13 @@ def plan_search(
     if top <= 0 or global_batch <= 0 or seq_len <= 0:
         raise ShardscopeError("--top, --global-batch and --seq-len must be positive")
     n_tokens = parse_tokens(tokens) if tokens else None
-    if target is not None:
-        space = _exportable_space(target, spec, space, seq_len, global_batch)
-    elif stack is not None and (framework := _stack_framework(stack)) is not None:
-        space = _exportable_space(framework, spec, space, seq_len, global_batch, asked=f"--stack {stack}")
+    framework = target or (_stack_framework(stack) if stack is not None else None)
+    if framework is not None:
+        asked = "" if target is not None else f"--stack {stack}"
+        space = _exportable_space(framework, spec, space, seq_len, global_batch, asked=asked)
     result = search(spec, cluster, global_batch, seq_len, objective, space, workers, executor, progress=progress)
     if not result.candidates:
-        runnable = f" that {target.label} can run" if target else ""
+        runnable = f" that {framework.label} can run" if framework else ""
         raise ShardscopeError(
             f"no plan of {spec.name}{runnable} fits {gpus}× {cluster.gpu.name} ({cluster.gpu.hbm_gib:g} GiB) at "
             f"global batch {global_batch} × {seq_len} tokens; try more GPUs or a smaller batch"

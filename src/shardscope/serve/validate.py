@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from shardscope.errors import ShardscopeError
-from shardscope.hardware.catalog import make_cluster
+from shardscope.hardware.catalog import GPU, make_cluster
+from shardscope.models.spec import ModelSpec
 from shardscope.serve.cost import Batch, Deployment, IterationCost, weights_bytes_per_gpu
 from shardscope.serve.engine import Engine, engine_names, load_engine
 from shardscope.serve.estimate import ServeResult, serve_estimate
@@ -241,9 +242,10 @@ def _offline_throughput(case: _Case) -> float:
     return case.requests * case.osl / duration
 
 
-def _static(case: _Case) -> tuple[float, float, float]:
-    """(prefill s, mean decode step s, total s) of a static batch: B prompts in one forward pass, then
-    output_len − 1 decode steps of B sequences (the first token comes from the prefill)."""
+def _static(case: _Case) -> tuple[float, float, float, float]:
+    """(prefill s, mean decode step s, total s, prefill floor s) of a static batch: B prompts in one forward
+    pass, then output_len − 1 decode steps of B sequences (the first token comes from the prefill); the floor
+    is `prefill_floor_s`."""
     from shardscope.models.catalog import load_model
 
     cluster = make_cluster(case.gpu, case.gpus)
@@ -256,17 +258,14 @@ def _static(case: _Case) -> tuple[float, float, float]:
     prefill = cost.time_s(Batch(b * isl, b * pairs, b * window_keys(0, isl, w), sampled=b))
     steps = [cost.decode_time_s(b, b * (isl + j), b * (min(isl + j, w) if w else isl + j)) for j in range(1, case.osl)]
     decode = sum(steps) / len(steps) if steps else math.nan
-    return prefill, decode, prefill + sum(steps)
+    return prefill, decode, prefill + sum(steps), prefill_floor_s(d.model, cluster.gpu, case)
 
 
-def prefill_floor_s(case: _Case) -> float:
+def prefill_floor_s(spec: ModelSpec, gpu: GPU, case: _Case) -> float:
     """The least time a static batch's prompts can take: the weight GEMMs' FLOPs (2 per parameter and token,
     embedding and LM head left out, attention not counted) at the dense peak of the TP group's GPUs."""
-    from shardscope.models.catalog import load_model
-
-    spec = load_model(case.model)
     params = spec.params_active - spec.embedding_params - spec.lm_head_params
-    peak = make_cluster(case.gpu, 1).gpu.peak_tflops("fp8" if case.precision == "fp8" else "bf16")
+    peak = gpu.peak_tflops("fp8" if case.precision == "fp8" else "bf16")
     return 2.0 * params * case.requests * case.isl / (case.tp * peak * 1e12)
 
 
@@ -299,11 +298,13 @@ def run_inference_validation(path: Path) -> InfReport:
             got = cache[key]
             if isinstance(got, SkipRow):
                 raise got
+            floor_ms = 0.0  # a prompt's compute floor, where the row measures one
             if case.load == "static":
                 if metric not in STATIC_METRICS:
                     raise SkipRow(f"metric {metric!r} is not predicted for a static batch")
-                prefill, decode, total = got
+                prefill, decode, total, floor = got
                 value = (prefill if metric in PREFILL_METRICS else decode if metric in DECODE_METRICS else total) * 1e3
+                floor_ms = floor * 1e3 if metric in PREFILL_METRICS else 0.0
             elif key[1] == "offline":
                 if metric != "throughput_tokens_per_s":
                     raise SkipRow(f"metric {metric!r} is not predicted")
@@ -313,7 +314,6 @@ def run_inference_validation(path: Path) -> InfReport:
                     raise SkipRow(f"metric {metric!r} is not predicted")
                 value = ONLINE_METRICS[metric](got)
             measured = float(row["value"])
-            floor_ms = prefill_floor_s(case) * 1e3 if metric in PREFILL_METRICS else 0.0
         except SkipRow as exc:
             skipped.append({"id": row.get("id", ""), "reason": str(exc)})
             continue
