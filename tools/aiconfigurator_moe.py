@@ -1,9 +1,11 @@
-"""Extract NVIDIA aiconfigurator's measured TRT-LLM fused-MoE forward times for the training shapes.
+"""Extract NVIDIA aiconfigurator's measured TRT-LLM fused-MoE forward times for the training shapes, or
+(`--serving`) for the tensor-parallel serving shapes.
 
 Run inside a clone of github.com/ai-dynamo/aiconfigurator (it reads commit `REV` with git), with `pyarrow`
 installed (`$SHARDSCOPE` is this repository):
 
     python $SHARDSCOPE/tools/aiconfigurator_moe.py > $SHARDSCOPE/validation/moe_measured_aiconfigurator.csv
+    python $SHARDSCOPE/tools/aiconfigurator_moe.py --serving > $SHARDSCOPE/validation/moe_tp_measured_aiconfigurator.csv
 
 Each row of `aic-core/src/aiconfigurator_core/systems/data/<gpu>/moe/trtllm/1.3.0rc20/moe_perf.parquet`
 is one `moe.forward(hidden_states, router_logits)` (collector/trtllm/collect_moe.py): routing from given
@@ -11,10 +13,16 @@ logits, permutation, the gated grouped GEMMs, activation and the weighted un-per
 routing (`balanced`), no expert tensor or expert parallelism (every expert on the one GPU, as on a
 training rank with EP 1), 4k-16k tokens, the gated CUTLASS kernels in BF16 and DeepGEMM's block-scaled
 FP8 on Blackwell, at the expert shapes of five catalog models.
+
+`--serving` keeps instead what a serving engine's MoE layer runs: each expert sharded over TP 1-8 (every
+GPU holds a 1/TP slice of every expert and sees every token), 16-2048 tokens (decode batches and prefill
+chunks), the gated CUTLASS kernels in BF16 and per-tensor FP8 on H100 and H200, at the four shapes with
+per-tensor FP8 measurements (not DeepSeek-V3).
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import subprocess
 import sys
@@ -35,9 +43,29 @@ KERNELS = {"bfloat16": "moe_torch_flow_cutlass", "fp8_block": "deepgemm"}
 VERSION = "1.3.0rc20"
 REV = "095f58a"  # the aiconfigurator commit the CSV was read at
 DATA = "aic-core/src/aiconfigurator_core/systems/data"
+SERVING_SYSTEMS = {"h100_sxm": "H100", "h200_sxm": "H200"}
+SERVING_KERNELS = {"bfloat16": "moe_torch_flow_cutlass", "fp8": "moe_torch_flow_cutlass"}
+
+
+def _training_row(r: dict) -> bool:
+    """Every expert on one GPU, 4k-16k tokens, the training kernels."""
+    if r["moe_tp_size"] != 1 or r["num_tokens"] < 4096:
+        return False
+    return KERNELS.get(r["moe_dtype"]) == r["kernel_source"]
+
+
+def _serving_row(r: dict) -> bool:
+    """Experts sharded over TP 1-8, 16-2048 tokens, BF16 or per-tensor FP8."""
+    if r["moe_tp_size"] not in (1, 2, 4, 8) or not 16 <= r["num_tokens"] <= 2048:
+        return False
+    return SERVING_KERNELS.get(r["moe_dtype"]) == r["kernel_source"] and r["num_experts"] != 256
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--serving", action="store_true", help="the TP-sharded serving shapes")
+    serving = ap.parse_args().serving
+    systems, keep = (SERVING_SYSTEMS, _serving_row) if serving else (SYSTEMS, _training_row)
     out = csv.writer(sys.stdout, lineterminator="\n")
     out.writerow(
         [
@@ -51,10 +79,11 @@ def main() -> None:
             "inter",
             "top_k",
             "experts",
+            *(["moe_tp"] if serving else []),
             "latency_ms",
         ]
     )
-    for system, gpu in SYSTEMS.items():
+    for system, gpu in systems.items():
         blob = subprocess.run(
             ["git", "show", f"{REV}:{DATA}/{system}/moe/trtllm/{VERSION}/moe_perf.parquet"],
             capture_output=True,
@@ -62,9 +91,7 @@ def main() -> None:
         ).stdout
         for r in pq.read_table(pa.BufferReader(blob)).to_pylist():
             shape = (r["hidden_size"], r["inter_size"], r["topk"], r["num_experts"])
-            if shape not in SHAPES or r["distribution"] != "balanced" or r["moe_tp_size"] != 1 or r["moe_ep_size"] != 1:
-                continue
-            if KERNELS.get(r["moe_dtype"]) != r["kernel_source"] or r["num_tokens"] < 4096:
+            if shape not in SHAPES or r["distribution"] != "balanced" or r["moe_ep_size"] != 1 or not keep(r):
                 continue
             out.writerow(
                 [
@@ -75,6 +102,7 @@ def main() -> None:
                     SHAPES[shape],
                     r["num_tokens"],
                     *shape,
+                    *([r["moe_tp_size"]] if serving else []),
                     round(r["latency"], 6),
                 ]
             )

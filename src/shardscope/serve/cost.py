@@ -27,6 +27,16 @@ from shardscope.serve.engine import Engine
 KERNELS_PER_LAYER = 12
 ACT_BYTES = 2  # activations and all-reduce payloads in BF16
 LOGIT_BYTES = 4  # vLLM's sampler upcasts logits to FP32
+# A fused MoE layer (TRT-LLM's CUTLASS MoE, vLLM/SGLang's fused_moe) runs, besides its two grouped GEMMs,
+# top-k routing, the expansion of each token into its k expert rows, the gated activation and the weighted
+# un-permute, and sets up one problem per local expert: a floor that small batches and thin TP slices of
+# the experts do not shrink. NVIDIA aiconfigurator's measured TRT-LLM fused MoE (H100/H200, BF16 and FP8,
+# TP 1-8, 16-2048 tokens; validation/moe_tp_measured_aiconfigurator.csv) levels off at 23-30 us at 8 experts
+# and 36-61 us at 128 as the weight slice shrinks; 24 us plus 0.1 us a local expert, with the streaming of
+# those kernels' rows, brings the modelled layer to 0.98-1.11 of the measured time at every GPU, precision
+# and TP (geometric mean; the grouped GEMMs alone fall from 0.93-0.98 at TP 1 to 0.68-0.74 at TP 8).
+FUSED_MOE_FLOOR_S = 24e-6
+FUSED_MOE_PER_EXPERT_S = 0.1e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +217,15 @@ def gemm_s(
     return gemm_time_s(gpu, m, n, k, precision, groups, weight_bytes)
 
 
+def fused_moe_extras_s(gpu: GPU, tokens: int, pairs: int, hidden: int, act_width: int, local_experts: int) -> float:
+    """A fused MoE layer's work besides its GEMMs on one GPU: `tokens` rows expanded into `pairs` expert
+    rows, the activation reading and writing `act_width` values a row (gate/up in, its product out), the
+    weighted un-permute back into `tokens` rows, all in BF16, over the kernels' floor (see
+    `FUSED_MOE_FLOOR_S`)."""
+    rows = 2 * (tokens + pairs) * hidden + pairs * act_width
+    return memory_time_s(gpu, rows * ACT_BYTES) + FUSED_MOE_FLOOR_S + FUSED_MOE_PER_EXPERT_S * local_experts
+
+
 @dataclass
 class IterationCost:
     """Iteration time of a deployment under an engine; GEMM and communication parts memoised by token count
@@ -246,7 +265,6 @@ class IterationCost:
             return t
         m, gpu, tp = self.d.model, self.d.cluster.gpu, self.d.tp
         p, w = self.dense_gemm
-        pe, we = self.expert_gemm
         h, mats = m.hidden, (3 if m.mlp == "swiglu" else 2)
         t = m.layers * gemm_s(gpu, tokens, self.attn_cols, h, p, 1, w)
         if self.dense_layers:
@@ -256,23 +274,11 @@ class IterationCost:
             )
         if self.moe_layers and m.moe is not None:
             moe = m.moe
-            # wide EP: the experts see the tokens of every replica of the EP group
-            routed = tokens * max(1, self.d.ep // tp)
-            hit = expected_experts_hit(moe.experts, moe.top_k, routed)
-            rows = max(1, math.ceil(routed * moe.top_k / max(1, round(hit))))  # tokens per touched expert
-            groups = max(1, round(hit))
-            if (ep := self.d.ep) > 1:
-                # EP: each GPU runs the touched experts among its experts/ep, whole; the busiest GPU sets the
-                # time: its count ~ Binomial(E/ep, hit/E), the maximum of ep of them taken as the mean plus
-                # sqrt(2 ln ep) standard deviations (Gaussian extreme), at most E/ep
-                n, q = moe.experts / ep, hit / moe.experts
-                groups = max(1, round(min(n, n * q + math.sqrt(n * q * (1 - q) * 2 * math.log(ep)))))
-            fe = moe.expert_ffn if self.d.ep >= tp else max(1, moe.expert_ffn // (tp // self.d.ep))
             layer = gemm_s(gpu, tokens, moe.experts, h, "bf16")  # router
             if self.d.ep > tp:  # dispatch and combine: k copies of each token to the experts' GPUs and back
                 copies = tokens * moe.top_k * h * ACT_BYTES
                 layer += 2 * collective_time_s(self.d.cluster, "all_to_all", copies, self.ep_group)
-            layer += gemm_s(gpu, rows, (mats - 1) * fe, h, pe, groups, we) + gemm_s(gpu, rows, h, fe, pe, groups, we)
+            layer += self.routed_experts_s(tokens)
             if moe.shared_experts:
                 fs = max(1, moe.shared_experts * moe.shared_ffn // tp)
                 layer += gemm_s(gpu, tokens, (mats - 1) * fs, h, p, 1, w) + gemm_s(gpu, tokens, h, fs, p, 1, w)
@@ -286,6 +292,29 @@ class IterationCost:
             t += (self.d.pp - 1) * hop
         self._linear[key] = t
         return t
+
+    def routed_experts_s(self, tokens: int) -> float:
+        """One MoE layer's routed experts on the busiest GPU for `tokens` tokens of this replica: the grouped
+        gate/up and down GEMMs over the experts the tokens touch and the fused MoE's other work
+        (`fused_moe_extras_s`); the router, the EP all-to-alls and the shared experts are not included."""
+        m, gpu, tp, ep = self.d.model, self.d.cluster.gpu, self.d.tp, self.d.ep
+        assert m.moe is not None
+        moe, h, mats = m.moe, m.hidden, (3 if m.mlp == "swiglu" else 2)
+        pe, we = self.expert_gemm
+        # wide EP: the experts see the tokens of every replica of the EP group
+        routed = tokens * max(1, ep // tp)
+        hit = expected_experts_hit(moe.experts, moe.top_k, routed)
+        rows = max(1, math.ceil(routed * moe.top_k / max(1, round(hit))))  # tokens per touched expert
+        groups = max(1, round(hit))
+        if ep > 1:
+            # EP: each GPU runs the touched experts among its experts/ep, whole; the busiest GPU sets the
+            # time: its count ~ Binomial(E/ep, hit/E), the maximum of ep of them taken as the mean plus
+            # sqrt(2 ln ep) standard deviations (Gaussian extreme), at most E/ep
+            n, q = moe.experts / ep, hit / moe.experts
+            groups = max(1, round(min(n, n * q + math.sqrt(n * q * (1 - q) * 2 * math.log(ep)))))
+        fe = moe.expert_ffn if ep >= tp else max(1, moe.expert_ffn // (tp // ep))
+        gemms = gemm_s(gpu, rows, (mats - 1) * fe, h, pe, groups, we) + gemm_s(gpu, rows, h, fe, pe, groups, we)
+        return gemms + fused_moe_extras_s(gpu, tokens, rows * groups, h, mats * fe, moe.experts // ep)
 
     def attention_frac(self, span: int) -> float:
         """Flash attention's fraction of peak at `span` keys a query (memoised: decode asks per step)."""
