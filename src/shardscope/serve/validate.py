@@ -5,9 +5,10 @@ Settings come only from the columns model, gpu, num_gpus, tp, pp, precision, inp
 batch_or_concurrency, metric and engine (never from id, source or notes):
 
 - `batch_or_concurrency` says the load: "offline ... num_requests=N" (all requests at t = 0; N requests,
-  1000 when not stated), "QPS=x" (Poisson arrivals at x requests/s, `ONLINE_REQUESTS` of them; "QPS=INF"
-  all at once), "static batch_size=B" / "batch_size=B" (B prompts run together as one prefill, then decode
-  steps of B sequences: a profile of the kernels, no scheduler).
+  1000 when not stated), "QPS=x" (Poisson arrivals at x requests/s, "num_requests=N" of them where the cell
+  states it, else `ONLINE_REQUESTS`; "QPS=INF" all at once), "static batch_size=B" / "batch_size=B" (B
+  prompts run together as one prefill, then decode steps of B sequences: a profile of the kernels, no
+  scheduler).
 - `engine` names the serving software: a shipped engine file (`trtllm@0.17`); a release that is not shipped
   runs the engine's shipped settings and says so; blank or `fastertransformer` only for static batches,
   priced as eager kernels (no CUDA graph, no host cost per iteration).
@@ -176,6 +177,12 @@ class _Case:
     engine: str
 
 
+def _requests(load: str, default: int) -> int:
+    """The benchmark's request count a load cell states ("num_requests=N"), else `default`."""
+    m = re.search(r"num_requests\s*=\s*(\d+)", load)
+    return int(m.group(1)) if m else default
+
+
 def _case(row: dict[str, str]) -> tuple[_Case, str]:
     load = row["batch_or_concurrency"].strip().lower()
     if _int(row, "pp") != 1:
@@ -184,10 +191,9 @@ def _case(row: dict[str, str]) -> tuple[_Case, str]:
         kind, rate, n = "static", math.inf, int(m.group(1))
     elif m := re.search(r"qps\s*=\s*([0-9.]+|inf)", load):
         rate = float(m.group(1))
-        kind, n = ("offline" if math.isinf(rate) else "poisson"), ONLINE_REQUESTS
+        kind, n = ("offline" if math.isinf(rate) else "poisson"), _requests(load, ONLINE_REQUESTS)
     elif "offline" in load or "infinite" in load:
-        m = re.search(r"num_requests\s*=\s*(\d+)", load)
-        kind, rate, n = "offline", math.inf, int(m.group(1)) if m else OFFLINE_REQUESTS
+        kind, rate, n = "offline", math.inf, _requests(load, OFFLINE_REQUESTS)
     else:
         raise SkipRow(f"load {row['batch_or_concurrency']!r} not understood")
     precision = row["precision"].strip().lower()
