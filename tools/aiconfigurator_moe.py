@@ -16,8 +16,9 @@ FP8 on Blackwell, at the expert shapes of five catalog models.
 
 `--serving` keeps instead what a serving engine's MoE layer runs: each expert sharded over TP 1-8 (every
 GPU holds a 1/TP slice of every expert and sees every token), 16-2048 tokens (decode batches and prefill
-chunks), the gated CUTLASS kernels in BF16 and per-tensor FP8 on H100 and H200, at the four shapes with
-per-tensor FP8 measurements (not DeepSeek-V3).
+chunks), in BF16 and per-tensor FP8, at the four shapes with per-tensor FP8 measurements (not
+DeepSeek-V3): TRT-LLM 1.3.0rc20's CUTLASS kernels on H100 and H200, and vLLM 0.19.0's Triton `fused_moe`
+on H100 (`moe/vllm/0.19.0/moe_perf.parquet`, collector/vllm/collect_moe.py).
 """
 
 from __future__ import annotations
@@ -39,12 +40,17 @@ SHAPES = {
     (6144, 16384, 2, 8): "mixtral-8x22b",
 }
 SYSTEMS = {"h100_sxm": "H100", "b200_sxm": "B200", "gb200": "GB200"}
+SYSTEMS_GPU = {**SYSTEMS, "h200_sxm": "H200"}
 KERNELS = {"bfloat16": "moe_torch_flow_cutlass", "fp8_block": "deepgemm"}
 VERSION = "1.3.0rc20"
 REV = "095f58a"  # the aiconfigurator commit the CSV was read at
 DATA = "aic-core/src/aiconfigurator_core/systems/data"
-SERVING_SYSTEMS = {"h100_sxm": "H100", "h200_sxm": "H200"}
-SERVING_KERNELS = {"bfloat16": "moe_torch_flow_cutlass", "fp8": "moe_torch_flow_cutlass"}
+# (system, engine directory, release, kernel) of each serving table
+SERVING_TABLES = (
+    ("h100_sxm", "trtllm", VERSION, "moe_torch_flow_cutlass"),
+    ("h200_sxm", "trtllm", VERSION, "moe_torch_flow_cutlass"),
+    ("h100_sxm", "vllm", "0.19.0", "vllm_fused_moe"),
+)
 
 
 def _training_row(r: dict) -> bool:
@@ -58,54 +64,50 @@ def _serving_row(r: dict) -> bool:
     """Experts sharded over TP 1-8, 16-2048 tokens, BF16 or per-tensor FP8."""
     if r["moe_tp_size"] not in (1, 2, 4, 8) or not 16 <= r["num_tokens"] <= 2048:
         return False
-    return SERVING_KERNELS.get(r["moe_dtype"]) == r["kernel_source"] and r["num_experts"] != 256
+    return r["moe_dtype"] in ("bfloat16", "fp8") and r["num_experts"] != 256
+
+
+def _table(system: str, engine: str, release: str) -> list[dict]:
+    blob = subprocess.run(
+        ["git", "show", f"{REV}:{DATA}/{system}/moe/{engine}/{release}/moe_perf.parquet"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    return pq.read_table(pa.BufferReader(blob)).to_pylist()
+
+
+def training() -> None:
+    out = csv.writer(sys.stdout, lineterminator="\n")
+    out.writerow(["gpu", "dtype", "kernel", "trtllm_version", "model", "num_tokens", "hidden", "inter", "top_k",
+                  "experts", "latency_ms"])  # fmt: skip
+    for system, gpu in SYSTEMS.items():
+        for r in _table(system, "trtllm", VERSION):
+            shape = (r["hidden_size"], r["inter_size"], r["topk"], r["num_experts"])
+            if shape not in SHAPES or r["distribution"] != "balanced" or r["moe_ep_size"] != 1 or not _training_row(r):
+                continue
+            out.writerow([gpu, r["moe_dtype"], r["kernel_source"], VERSION, SHAPES[shape], r["num_tokens"], *shape,
+                          round(r["latency"], 6)])  # fmt: skip
+
+
+def serving() -> None:
+    out = csv.writer(sys.stdout, lineterminator="\n")
+    out.writerow(["gpu", "engine", "dtype", "kernel", "model", "num_tokens", "hidden", "inter", "top_k", "experts",
+                  "moe_tp", "latency_ms"])  # fmt: skip
+    for system, engine, release, kernel in SERVING_TABLES:
+        for r in _table(system, engine, release):
+            shape = (r["hidden_size"], r["inter_size"], r["topk"], r["num_experts"])
+            if shape not in SHAPES or r["distribution"] != "balanced" or r["moe_ep_size"] != 1:
+                continue
+            if r["kernel_source"] != kernel or not _serving_row(r):
+                continue
+            out.writerow([SYSTEMS_GPU[system], f"{engine}@{release}", r["moe_dtype"], kernel, SHAPES[shape],
+                          r["num_tokens"], *shape, r["moe_tp_size"], round(r["latency"], 6)])  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--serving", action="store_true", help="the TP-sharded serving shapes")
-    serving = ap.parse_args().serving
-    systems, keep = (SERVING_SYSTEMS, _serving_row) if serving else (SYSTEMS, _training_row)
-    out = csv.writer(sys.stdout, lineterminator="\n")
-    out.writerow(
-        [
-            "gpu",
-            "dtype",
-            "kernel",
-            "trtllm_version",
-            "model",
-            "num_tokens",
-            "hidden",
-            "inter",
-            "top_k",
-            "experts",
-            *(["moe_tp"] if serving else []),
-            "latency_ms",
-        ]
-    )
-    for system, gpu in systems.items():
-        blob = subprocess.run(
-            ["git", "show", f"{REV}:{DATA}/{system}/moe/trtllm/{VERSION}/moe_perf.parquet"],
-            capture_output=True,
-            check=True,
-        ).stdout
-        for r in pq.read_table(pa.BufferReader(blob)).to_pylist():
-            shape = (r["hidden_size"], r["inter_size"], r["topk"], r["num_experts"])
-            if shape not in SHAPES or r["distribution"] != "balanced" or r["moe_ep_size"] != 1 or not keep(r):
-                continue
-            out.writerow(
-                [
-                    gpu,
-                    r["moe_dtype"],
-                    r["kernel_source"],
-                    VERSION,
-                    SHAPES[shape],
-                    r["num_tokens"],
-                    *shape,
-                    *([r["moe_tp_size"]] if serving else []),
-                    round(r["latency"], 6),
-                ]
-            )
+    serving() if ap.parse_args().serving else training()
 
 
 if __name__ == "__main__":

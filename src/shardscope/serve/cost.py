@@ -30,11 +30,12 @@ LOGIT_BYTES = 4  # vLLM's sampler upcasts logits to FP32
 # A fused MoE layer (TRT-LLM's CUTLASS MoE, vLLM/SGLang's fused_moe) runs, besides its two grouped GEMMs,
 # top-k routing, the expansion of each token into its k expert rows, the gated activation and the weighted
 # un-permute, and sets up one problem per local expert: a floor that small batches and thin TP slices of
-# the experts do not shrink. NVIDIA aiconfigurator's measured TRT-LLM fused MoE (H100/H200, BF16 and FP8,
-# TP 1-8, 16-2048 tokens; validation/moe_tp_measured_aiconfigurator.csv) levels off at 23-30 us at 8 experts
-# and 36-61 us at 128 as the weight slice shrinks; 24 us plus 0.1 us a local expert, with the streaming of
-# those kernels' rows, brings the modelled layer to 0.98-1.11 of the measured time at every GPU, precision
-# and TP (geometric mean; the grouped GEMMs alone fall from 0.93-0.98 at TP 1 to 0.68-0.74 at TP 8).
+# the experts do not shrink. NVIDIA aiconfigurator's measured TRT-LLM 1.3 fused MoE (H100/H200, BF16 and
+# FP8, TP 1-8, 16-2048 tokens; validation/moe_tp_measured_aiconfigurator.csv) levels off at 23-30 us at 8
+# experts and 36-61 us at 128 as the weight slice shrinks; 24 us plus 0.1 us a local expert, with the
+# streaming of those kernels' rows, brings the modelled layer to 0.98-1.11 of the measured time at every
+# GPU, precision and TP (geometric mean; the grouped GEMMs alone fall from 0.93-0.98 at TP 1 to 0.68-0.74
+# at TP 8). vLLM 0.19's Triton fused_moe in the same tables, not used for the fit, comes to 0.93-1.05.
 FUSED_MOE_FLOOR_S = 24e-6
 FUSED_MOE_PER_EXPERT_S = 0.1e-6
 
