@@ -700,12 +700,13 @@ def test_online_rows_run_the_request_count_their_load_cell_states(tmp_path: Path
 
 
 def test_held_out_serving_rows_are_all_predicted() -> None:
-    """The held-out serving rows (`validation/inference_heldout.csv`: TensorRT-LLM's online table on H200,
-    not in the public file) are read like the public file: every row predicted, none skipped; their MAPE
-    per metric is reported in docs/accuracy.md."""
+    """The held-out serving rows (`validation/inference_heldout.csv`: TensorRT-LLM's online table on H200 and
+    its v1.0 offline tables on Hopper, Blackwell and the RTX PRO 6000, none in the public file) are read like
+    the public file: every row predicted, none skipped; docs/accuracy.md reports their MAPE."""
     from shardscope.serve.validate import run_inference_validation
 
     held_out = PUBLIC_INFERENCE.with_name("inference_heldout.csv")
     report = run_inference_validation(held_out)
-    assert report.skipped == [] and len(report.rows) == 180
-    assert {r.gpu for r in report.rows} == {"H200"} and {r.engine for r in report.rows} == {"trtllm@0.14"}
+    assert report.skipped == [] and len(report.rows) == 340
+    assert {r.engine for r in report.rows} == {"trtllm@0.14", "trtllm@1.0"}
+    assert {r.gpu for r in report.rows} == {"H100", "H200", "B200", "GB200", "RTX-PRO-6000"}

@@ -39,7 +39,8 @@ class Engine:
     non_torch_gib: float
     host_s_per_iteration: float
     sources: tuple[tuple[str, str], ...]
-    fp8_kv_with_fp8_weights: bool = False  # an FP8 checkpoint's KV cache is FP8 unless the user says otherwise
+    # a quantized (FP8 or NVFP4) checkpoint's KV cache is FP8 unless the user says otherwise
+    fp8_kv_with_quantized_weights: bool = False
     # a sliding window the config sets for every layer (Mistral's `sliding_window`) is applied; off, the
     # layers attend over the whole context unless the user sets the window (windowed layer kinds of a model
     # built with them, GPT-OSS's or Llama 4's, run as built either way)
@@ -62,7 +63,7 @@ class Engine:
         """The KV-cache dtype a run gets: as `asked`, or for "auto" the engine's rule for `precision`."""
         if asked != "auto":
             return asked
-        return "fp8" if precision == "fp8" and self.fp8_kv_with_fp8_weights else "bf16"
+        return "fp8" if precision in ("fp8", "nvfp4") and self.fp8_kv_with_quantized_weights else "bf16"
 
     @property
     def label(self) -> str:
@@ -126,7 +127,7 @@ def load_engine(spec: str, gpu: GPU) -> Engine:
         non_torch_gib=float(values["non_torch_gib"]),
         host_s_per_iteration=float(values["host_s_per_iteration"]),
         sources=tuple(sorted(sources.items())),
-        fp8_kv_with_fp8_weights=bool(values.get("fp8_kv_with_fp8_weights", False)),
+        fp8_kv_with_quantized_weights=bool(values.get("fp8_kv_with_quantized_weights", False)),
         uniform_sliding_window=bool(values.get("uniform_sliding_window", True)),
         kv_window_freed=bool(values.get("kv_window_freed", False)),
         prefix_caching=bool(values.get("prefix_caching", False)),

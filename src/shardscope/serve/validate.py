@@ -12,8 +12,9 @@ batch_or_concurrency, metric and engine (never from id, source or notes):
 - `engine` names the serving software: a shipped engine file (`trtllm@0.17`); a release that is not shipped
   runs the engine's shipped settings and says so; blank or `fastertransformer` only for static batches,
   priced as eager kernels (no CUDA graph, no host cost per iteration).
-- `precision` FP8 → FP8 weights; FP16/BF16 → 16-bit. The KV cache's dtype is the engine's rule for that
-  precision (`Engine.kv_dtype`: TensorRT-LLM's FP8 checkpoints carry an FP8 KV cache); static batches 16-bit.
+- `precision` FP8 → FP8 weights; FP4/NVFP4 → NVFP4 weights (NVIDIA's ModelOpt FP4 checkpoints); FP16/BF16 →
+  16-bit. The KV cache's dtype is the engine's rule for that precision (`Engine.kv_dtype`: TensorRT-LLM's
+  FP8 checkpoints carry an FP8 KV cache); static batches 16-bit.
 
 Offline throughput over N requests is the benchmark's output tokens over its duration. Simulating tens of
 thousands of requests per row is slow, so the duration is extrapolated linearly from two shorter runs of
@@ -197,7 +198,8 @@ def _case(row: dict[str, str]) -> tuple[_Case, str]:
     else:
         raise SkipRow(f"load {row['batch_or_concurrency']!r} not understood")
     precision = row["precision"].strip().lower()
-    if precision not in ("fp8", "fp16", "bf16"):
+    weights = {"fp8": "fp8", "fp4": "nvfp4", "nvfp4": "nvfp4", "fp16": "bf16", "bf16": "bf16"}
+    if precision not in weights:
         raise SkipRow(f"precision {precision!r} not modelled")
     from shardscope.hardware.catalog import load_gpu
 
@@ -208,7 +210,7 @@ def _case(row: dict[str, str]) -> tuple[_Case, str]:
     _, note = _engine(row.get("engine", ""), gpu, kind == "static")
     case = _Case(
         _model_name(row["model"]), gpu, _int(row, "num_gpus"), _int(row, "tp"),
-        "fp8" if precision == "fp8" else "bf16", _int(row, "input_len"), _int(row, "output_len"),
+        weights[precision], _int(row, "input_len"), _int(row, "output_len"),
         kind, rate, n, row.get("engine", "").strip().lower(),
     )  # fmt: skip
     return case, note
