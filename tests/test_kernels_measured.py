@@ -378,15 +378,7 @@ def _serving_moe_ratios(extras: bool) -> dict[tuple[str, str, str, int], list[fl
             precision = "fp8" if row["dtype"] == "fp8" else "bf16"
             d = serve_cost.Deployment(load_model(row["model"]), cluster, key[3], precision)
             costs[key] = serve_cost.IterationCost(d, load_engine("trtllm", cluster.gpu))
-        cost, tokens = costs[key], int(row["num_tokens"])
-        modelled = cost.routed_experts_s(tokens)
-        if not extras:
-            moe, tp = cost.d.model.moe, key[3]
-            assert moe is not None
-            pairs = tokens * moe.top_k  # what rows × touched experts come to at EP 1
-            modelled -= serve_cost.fused_moe_extras_s(
-                cost.d.cluster.gpu, tokens, pairs, int(row["hidden"]), 3 * moe.expert_ffn // tp, moe.experts
-            )
+        modelled = costs[key].routed_experts_s(int(row["num_tokens"]), with_extras=extras)
         group = (row["gpu"], row["engine"], row["dtype"], key[3])
         ratios.setdefault(group, []).append(modelled * 1e3 / float(row["latency_ms"]))
     return ratios
@@ -409,4 +401,4 @@ def test_serving_moe_layer_matches_measured_tp_sharded_fused_moe():
         full = {tp: _geomean(with_extras[gpu, engine, dtype, tp]) for tp in (1, 8)}
         bare = {tp: _geomean(gemms_only[gpu, engine, dtype, tp]) for tp in (1, 8)}
         assert full[8] / full[1] == pytest.approx(1.0, abs=0.12), (gpu, engine, dtype)
-        assert bare[8] / full[8] < min(0.85, bare[1] / full[1]), (gpu, engine, dtype)
+        assert bare[8] < 0.85 < bare[1], (gpu, engine, dtype)  # the GEMMs alone miss the TP8 kernels

@@ -294,10 +294,10 @@ class IterationCost:
         self._linear[key] = t
         return t
 
-    def routed_experts_s(self, tokens: int) -> float:
+    def routed_experts_s(self, tokens: int, with_extras: bool = True) -> float:
         """One MoE layer's routed experts on the busiest GPU for `tokens` tokens of this replica: the grouped
-        gate/up and down GEMMs over the experts the tokens touch and the fused MoE's other work
-        (`fused_moe_extras_s`); the router, the EP all-to-alls and the shared experts are not included."""
+        gate/up and down GEMMs over the experts the tokens touch and (`with_extras`) the fused MoE's other
+        work (`fused_moe_extras_s`); the router, the EP all-to-alls and the shared experts are not included."""
         m, gpu, tp, ep = self.d.model, self.d.cluster.gpu, self.d.tp, self.d.ep
         assert m.moe is not None
         moe, h, mats = m.moe, m.hidden, (3 if m.mlp == "swiglu" else 2)
@@ -315,6 +315,8 @@ class IterationCost:
             groups = max(1, round(min(n, n * q + math.sqrt(n * q * (1 - q) * 2 * math.log(ep)))))
         fe = moe.expert_ffn if ep >= tp else max(1, moe.expert_ffn // (tp // ep))
         gemms = gemm_s(gpu, rows, (mats - 1) * fe, h, pe, groups, we) + gemm_s(gpu, rows, h, fe, pe, groups, we)
+        if not with_extras:
+            return gemms
         return gemms + fused_moe_extras_s(gpu, tokens, rows * groups, h, mats * fe, moe.experts // ep)
 
     def attention_frac(self, span: int) -> float:

@@ -14,7 +14,7 @@ batch_or_concurrency, metric and engine (never from id, source or notes):
   priced as eager kernels (no CUDA graph, no host cost per iteration).
 - `precision` FP8 → FP8 weights; FP4/NVFP4 → NVFP4 weights (NVIDIA's ModelOpt FP4 checkpoints); FP16/BF16 →
   16-bit. The KV cache's dtype is the engine's rule for that precision (`Engine.kv_dtype`: TensorRT-LLM's
-  FP8 checkpoints carry an FP8 KV cache); static batches 16-bit.
+  FP8 and NVFP4 checkpoints carry an FP8 KV cache); static batches 16-bit.
 
 Offline throughput over N requests is the benchmark's output tokens over its duration. Simulating tens of
 thousands of requests per row is slow, so the duration is extrapolated linearly from two shorter runs of
