@@ -149,6 +149,20 @@ def test_issue_case_qwen3_30b_grpo_on_64_h100_returns_split_and_step_time() -> N
     assert set(best.idle_s) == {"rollout", "train"} and all(v >= 0 for v in best.idle_s.values())
 
 
+def test_a_stack_named_alone_gets_the_fastest_layout_that_fits() -> None:
+    """`--train megatron` states no sizes: the TP x PP x EP layouts are searched and the fastest whose every
+    phase fits is taken and named; an explicit layout that fits is never faster. With no sizes searched, the
+    plainest layout (no TP or EP) does not fit Qwen3-30B-A3B's update on 80 GB GPUs."""
+    kw = dict(gpu="H100", gpus=64, prompts=64, samples=8, input_len=512, output_len=2048)
+    with pytest.raises(ShardscopeError, match="does not fit|needs"):
+        rl_step(MODEL, train="megatron tp1 pp1 ep1", **kw)
+    found = rl(MODEL, train="megatron", **kw).step
+    assert found.train.fits and found.memory.fits
+    assert found.warnings[0].startswith("--train megatron: the fastest") and found.train.layout in found.warnings[0]
+    assert found.step_s <= rl_step(MODEL, train="megatron tp2 ep8", **kw).step_s
+    assert rl(MODEL, train="megatron tp2 ep8", **kw).step.train.layout.startswith("megatron tp2 pp1 ep8")
+
+
 def test_cli_json_and_text() -> None:
     runner = CliRunner()
     args = ["rl", MODEL, "--gpus", "64", "--prompts", "64", "--input-len", "512", "--output-len", "2048",

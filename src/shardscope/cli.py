@@ -687,7 +687,9 @@ def rl(
     samples: Annotated[int, typer.Option(help="samples (responses) per prompt")] = 8,
     input_len: Annotated[int, typer.Option(help="prompt tokens")] = 1024,
     output_len: Annotated[int, typer.Option(help="response cap (max tokens); lengths are drawn below it")] = 4096,
-    train: Annotated[str, typer.Option(help='trainer layout: "megatron tp2 ep8" or "fsdp"')] = "megatron",
+    train: Annotated[
+        str, typer.Option(help='trainer layout: "megatron tp2 ep8" or "fsdp"; a stack alone: the fastest that fits')
+    ] = "megatron",
     rollout: Annotated[str, typer.Option(help='rollout layout: "vllm tp1" (TP only; instances fill the pool)')] = (
         "vllm tp1"
     ),

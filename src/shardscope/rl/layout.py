@@ -111,6 +111,13 @@ def parse_train(text: str, gpus: int | None = None) -> TrainLayout:
     return layout
 
 
+def sizes_unstated(text: str) -> bool:
+    """Whether a --train layout names a stack that takes TP/PP/EP sizes and states none of them ("megatron",
+    "nemo"): FSDP alone is a whole layout (every GPU shards), a Megatron-style stack alone is not."""
+    tokens = text.lower().split()
+    return len(tokens) == 1 and STACK_ALIASES.get(tokens[0], tokens[0]) in stack_names()
+
+
 def parse_rollout(text: str, gpus: int | None = None) -> RolloutLayout:
     """`"vllm tp32 dp8"`, `"sglang tp8 ep8"`, `"16 x TP16"` (16 instances) or `"TP8"` (engine: vLLM)."""
     clean = text.lower().replace("×", " x ")

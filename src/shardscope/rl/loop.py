@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ from typing import Any
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import make_cluster
 from shardscope.models.catalog import load_model
-from shardscope.rl.layout import FSDP, RolloutLayout, TrainLayout, parse_rollout, parse_train
+from shardscope.rl.layout import FSDP, RolloutLayout, TrainLayout, parse_rollout, parse_train, sizes_unstated
 from shardscope.rl.memory import (
     TRAINER_OFFLOADS,
     RLMemory,
@@ -460,6 +460,45 @@ def search_split(model: str, gpus: int, train: str, rollout: str, **kw: Any) -> 
     return tuple(sorted(steps, key=lambda s: (not (s.train.fits and s.memory.fits), s.step_s)))
 
 
+# Sizes a trainer layout is searched over when the user names only its stack (`fastest_layout_step`)
+TRAIN_TP = (1, 2, 4, 8)
+TRAIN_PP = (1, 2, 4, 8)
+TRAIN_EP = (1, 2, 4, 8, 16, 32, 64)
+
+
+def fastest_layout_step(model: str, stack: str, **kw: Any) -> RLStep:
+    """The fastest `rl_step` over the TP x PP x EP layouts of `stack` (TP within a node, EP for MoE models
+    only) that the model and the GPU count take and whose every phase fits the GPUs; it says which layout it
+    took and how many it tried. If none fits, the error of the plainest layout (no TP, PP or EP) is raised."""
+    spec = load_model(model)
+    gpus = kw.get("gpus", 8)
+    colocated = kw.get("placement", "colocated") == "colocated"
+    train_gpus = gpus if colocated else gpus - (kw.get("rollout_gpus") or gpus // 2)
+    eps = TRAIN_EP if spec.moe is not None else (1,)
+    fits: list[RLStep] = []
+    tried = 0
+    for tp in TRAIN_TP:
+        for pp in TRAIN_PP:
+            if train_gpus % (tp * pp):
+                continue
+            for ep in eps:
+                if (train_gpus // (tp * pp)) % ep or (spec.moe is not None and spec.moe.experts % ep):
+                    continue
+                try:
+                    step = rl_step(model, train=f"{stack} tp{tp} pp{pp} ep{ep}", **kw)
+                except ShardscopeError:
+                    continue  # a layout the model, the plan's checks or the GPUs' memory refuse
+                tried += 1
+                if step.train.fits and step.memory.fits:
+                    fits.append(step)
+    if not fits:
+        rl_step(model, train=stack, **kw)  # raises the plainest layout's error
+        raise ShardscopeError(f"no {stack} layout (tp <= 8, pp <= 8, ep <= 64) fits {model} on {gpus} GPUs")
+    best = min(fits, key=lambda s: s.step_s)
+    note = f"--train {stack}: the fastest of the {len(fits)} layouts that fit (of {tried} it runs): {best.train.layout}"
+    return replace(best, warnings=(note, *best.warnings))
+
+
 def rl(model: str, search: bool = False, trace: str | Path | None = None, **kw: Any) -> RLResult:
     """`shardscope rl`: one step, or with `search` the best disaggregated split and every split tried.
     `trace`: write a few steps of the result as Chrome-trace JSON (`rl.trace`)."""
@@ -469,7 +508,11 @@ def rl(model: str, search: bool = False, trace: str | Path | None = None, **kw: 
         check_writable(Path(trace))
     check_utilization(kw.get("gpu_memory_utilization"))
     if not search:
-        result = RLResult(rl_step(model, **kw))
+        train = kw.pop("train", "megatron")
+        if sizes_unstated(train):
+            result = RLResult(fastest_layout_step(model, train, **kw))
+        else:
+            result = RLResult(rl_step(model, train=train, **kw))
     else:
         kw = {k: v for k, v in kw.items() if k not in ("placement", "rollout_gpus", "trainer_offload")}
         gpus, train, rollout = kw.pop("gpus", 8), kw.pop("train", "megatron"), kw.pop("rollout", "vllm tp1")
