@@ -40,16 +40,15 @@ SHAPES = {
     (6144, 16384, 2, 8): "mixtral-8x22b",
 }
 SYSTEMS = {"h100_sxm": "H100", "b200_sxm": "B200", "gb200": "GB200"}
-SYSTEMS_GPU = {**SYSTEMS, "h200_sxm": "H200"}
 KERNELS = {"bfloat16": "moe_torch_flow_cutlass", "fp8_block": "deepgemm"}
 VERSION = "1.3.0rc20"
 REV = "095f58a"  # the aiconfigurator commit the CSV was read at
 DATA = "aic-core/src/aiconfigurator_core/systems/data"
-# (system, engine directory, release, kernel) of each serving table
+# (system, GPU, engine directory, release, kernel) of each serving table
 SERVING_TABLES = (
-    ("h100_sxm", "trtllm", VERSION, "moe_torch_flow_cutlass"),
-    ("h200_sxm", "trtllm", VERSION, "moe_torch_flow_cutlass"),
-    ("h100_sxm", "vllm", "0.19.0", "vllm_fused_moe"),
+    ("h100_sxm", "H100", "trtllm", VERSION, "moe_torch_flow_cutlass"),
+    ("h200_sxm", "H200", "trtllm", VERSION, "moe_torch_flow_cutlass"),
+    ("h100_sxm", "H100", "vllm", "0.19.0", "vllm_fused_moe"),
 )
 
 
@@ -93,14 +92,14 @@ def serving() -> None:
     out = csv.writer(sys.stdout, lineterminator="\n")
     out.writerow(["gpu", "engine", "dtype", "kernel", "model", "num_tokens", "hidden", "inter", "top_k", "experts",
                   "moe_tp", "latency_ms"])  # fmt: skip
-    for system, engine, release, kernel in SERVING_TABLES:
+    for system, gpu, engine, release, kernel in SERVING_TABLES:
         for r in _table(system, engine, release):
             shape = (r["hidden_size"], r["inter_size"], r["topk"], r["num_experts"])
             if shape not in SHAPES or r["distribution"] != "balanced" or r["moe_ep_size"] != 1:
                 continue
             if r["kernel_source"] != kernel or not _serving_row(r):
                 continue
-            out.writerow([SYSTEMS_GPU[system], f"{engine}@{release}", r["moe_dtype"], kernel, SHAPES[shape],
+            out.writerow([gpu, f"{engine}@{release}", r["moe_dtype"], kernel, SHAPES[shape],
                           r["num_tokens"], *shape, r["moe_tp_size"], round(r["latency"], 6)])  # fmt: skip
 
 

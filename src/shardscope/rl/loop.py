@@ -359,13 +359,7 @@ def rl_step(
     else:
         offload = "none"
     spec = load_model(model)
-    if placement == "colocated":
-        train_gpus = roll_gpus = gpus
-    else:
-        roll_gpus = rollout_gpus if rollout_gpus is not None else gpus // 2
-        if not 0 < roll_gpus < gpus:
-            raise ShardscopeError(f"--rollout-gpus must be between 1 and {gpus - 1}, got {roll_gpus}")
-        train_gpus = gpus - roll_gpus
+    train_gpus, roll_gpus = pool_gpus(gpus, placement, rollout_gpus)
     train_layout = parse_train(train, train_gpus)
     roll_layout = parse_rollout(rollout, roll_gpus)
     n = prompts * samples
@@ -408,6 +402,17 @@ def rl_step(
         critical_path=timing.critical_path, idle_s=timing.idle_s, samples_per_s=n / timing.step_s, memory=memory,
         trainer_offload_s=trainer_offload_s, warnings=tuple(warns),
     )  # fmt: skip
+
+
+def pool_gpus(gpus: int, placement: str, rollout_gpus: int | None) -> tuple[int, int]:
+    """(trainer GPUs, rollout GPUs): colocated, both all `gpus`; disaggregated, `rollout_gpus` (default half)
+    run the engines and the rest train."""
+    if placement == "colocated":
+        return gpus, gpus
+    roll_gpus = rollout_gpus if rollout_gpus is not None else gpus // 2
+    if not 0 < roll_gpus < gpus:
+        raise ShardscopeError(f"--rollout-gpus must be between 1 and {gpus - 1}, got {roll_gpus}")
+    return gpus - roll_gpus, roll_gpus
 
 
 def _remedy(memory: RLMemory) -> str:
@@ -472,8 +477,7 @@ def fastest_layout_step(model: str, stack: str, **kw: Any) -> RLStep:
     took and how many it tried. If none fits, the error of the plainest layout (no TP, PP or EP) is raised."""
     spec = load_model(model)
     gpus = kw.get("gpus", 8)
-    colocated = kw.get("placement", "colocated") == "colocated"
-    train_gpus = gpus if colocated else gpus - (kw.get("rollout_gpus") or gpus // 2)
+    train_gpus, _ = pool_gpus(gpus, kw.get("placement", "colocated").lower(), kw.get("rollout_gpus"))
     eps = TRAIN_EP if spec.moe is not None else (1,)
     fits: list[RLStep] = []
     tried = 0

@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from shardscope.errors import ShardscopeError
-from shardscope.hardware.catalog import GPU, make_cluster
-from shardscope.models.spec import ModelSpec
+from shardscope.hardware.catalog import make_cluster
 from shardscope.serve.cost import Batch, Deployment, IterationCost, weights_bytes_per_gpu
 from shardscope.serve.engine import Engine, engine_names, load_engine
 from shardscope.serve.estimate import ServeResult, serve_estimate
@@ -178,6 +177,10 @@ class _Case:
     engine: str
 
 
+# A row's `precision` cell -> the weight format it runs (`models.quant.WEIGHT_FORMATS`)
+ROW_WEIGHT_FORMATS = {"fp8": "fp8", "fp4": "nvfp4", "nvfp4": "nvfp4", "fp16": "bf16", "bf16": "bf16"}
+
+
 def _requests(load: str, default: int) -> int:
     """The benchmark's request count a load cell states ("num_requests=N"), else `default`."""
     m = re.search(r"num_requests\s*=\s*(\d+)", load)
@@ -198,8 +201,7 @@ def _case(row: dict[str, str]) -> tuple[_Case, str]:
     else:
         raise SkipRow(f"load {row['batch_or_concurrency']!r} not understood")
     precision = row["precision"].strip().lower()
-    weights = {"fp8": "fp8", "fp4": "nvfp4", "nvfp4": "nvfp4", "fp16": "bf16", "bf16": "bf16"}
-    if precision not in weights:
+    if precision not in ROW_WEIGHT_FORMATS:
         raise SkipRow(f"precision {precision!r} not modelled")
     from shardscope.hardware.catalog import load_gpu
 
@@ -210,7 +212,7 @@ def _case(row: dict[str, str]) -> tuple[_Case, str]:
     _, note = _engine(row.get("engine", ""), gpu, kind == "static")
     case = _Case(
         _model_name(row["model"]), gpu, _int(row, "num_gpus"), _int(row, "tp"),
-        weights[precision], _int(row, "input_len"), _int(row, "output_len"),
+        ROW_WEIGHT_FORMATS[precision], _int(row, "input_len"), _int(row, "output_len"),
         kind, rate, n, row.get("engine", "").strip().lower(),
     )  # fmt: skip
     return case, note
@@ -266,14 +268,16 @@ def _static(case: _Case) -> tuple[float, float, float, float]:
     prefill = cost.time_s(Batch(b * isl, b * pairs, b * window_keys(0, isl, w), sampled=b))
     steps = [cost.decode_time_s(b, b * (isl + j), b * (min(isl + j, w) if w else isl + j)) for j in range(1, case.osl)]
     decode = sum(steps) / len(steps) if steps else math.nan
-    return prefill, decode, prefill + sum(steps), prefill_floor_s(d.model, cluster.gpu, case)
+    return prefill, decode, prefill + sum(steps), prefill_floor_s(d, case)
 
 
-def prefill_floor_s(spec: ModelSpec, gpu: GPU, case: _Case) -> float:
+def prefill_floor_s(d: Deployment, case: _Case) -> float:
     """The least time a static batch's prompts can take: the weight GEMMs' FLOPs (2 per parameter and token,
-    embedding and LM head left out, attention not counted) at the dense peak of the TP group's GPUs."""
+    embedding and LM head left out, attention not counted) at the dense peak of the TP group's GPUs in the
+    fastest precision the deployment's GEMMs run (`Deployment.gemm`)."""
+    spec, gpu = d.model, d.cluster.gpu
     params = spec.params_active - spec.embedding_params - spec.lm_head_params
-    peak = gpu.peak_tflops("fp8" if case.precision == "fp8" else "bf16")
+    peak = max(gpu.peak_tflops(d.gemm(experts)[0]) for experts in (False, True))
     return 2.0 * params * case.requests * case.isl / (case.tp * peak * 1e12)
 
 
