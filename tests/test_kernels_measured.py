@@ -270,6 +270,42 @@ def test_gemm_depth_curve_matches_measured(dtype: str):
         assert _geomean(modelled) == pytest.approx(_geomean(measured), rel=0.06), shallow
 
 
+DECODE_GEMM_TABLE = Path(__file__).parent.parent / "validation" / "gemm_decode_measured_aiconfigurator.csv"
+
+
+def test_decode_sized_gemms_split_k_as_measured(monkeypatch: pytest.MonkeyPatch):
+    """aiconfigurator's CUDA-graph-timed BF16 Linear layers at M 1-512 (N, K 1k-16k; TRT-LLM on A100, H100,
+    H200, B200 and GB200, vLLM 0.19 on the four newer ones; `validation/gemm_decode_measured_aiconfigurator.csv`,
+    tools/aiconfigurator_gemm.py): with split-K the GEMM model, its kernel gap added, comes to 0.9-1.15 of
+    every table on geometric mean and within a third of 70% of the shapes. Unsplit, the few output tiles of a
+    decode GEMM leave most SMs idle in the model and it is 1.7x too slow or worse at M <= 64 on every table."""
+    import shardscope.costs.compute as compute
+    import shardscope.costs.efficiency as efficiency
+
+    with DECODE_GEMM_TABLE.open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 9 * 225
+
+    def ratios(small_only: bool) -> dict[tuple[str, str], list[float]]:
+        out: dict[tuple[str, str], list[float]] = {}
+        for r in rows:
+            m, n, k = int(r["m"]), int(r["n"]), int(r["k"])
+            if small_only and m > 64:
+                continue
+            t = compute.gemm_time_s(load_gpu(r["gpu"]), m, n, k) + KERNEL_GAP_S
+            out.setdefault((r["gpu"], r["engine"]), []).append(t / (float(r["latency_ms"]) * 1e-3))
+        return out
+
+    for key, rs in ratios(False).items():
+        assert 0.9 < _geomean(rs) < 1.15, (key, round(_geomean(rs), 3))
+        assert sum(0.75 < x < 1.33 for x in rs) / len(rs) >= 0.7, key
+    split_ratios = ratios(True)
+    for module in (compute, efficiency):
+        monkeypatch.setattr(module, "split_k", lambda *args, **kwargs: 1)
+    for key, rs in ratios(True).items():
+        assert _geomean(rs) > 1.7 * _geomean(split_ratios[key]), key
+
+
 # --- Attention across GPUs: aiconfigurator's measured context-attention tables ---
 
 ATTENTION_TABLE = Path(__file__).parent.parent / "validation" / "attention_measured_aiconfigurator.csv"

@@ -39,6 +39,25 @@ def _setup(model: str, gpu: str = "H100", tp: int = 1, engine: str = "vllm"):
     return d, eng, IterationCost(d, eng), memory_plan(d, eng)
 
 
+def test_a_graphed_decode_step_pays_its_kernel_gaps_and_an_eager_one_its_launches() -> None:
+    """A CUDA graph removes the host's launches, not the GPU's gap between dependent kernels: a decode step
+    of Llama-3.1-8B over TP8 in a graph costs its GEMMs, attention, all-reduces and the streaming kernels plus
+    a gap per kernel. Outside a graph vLLM's host issues each kernel from Python, and with 1 GB of weights a
+    GPU the step waits for those launches."""
+    from shardscope.costs.efficiency import KERNEL_GAP_S
+    from shardscope.serve.cost import KERNELS_PER_LAYER
+
+    d, eng, cost, _ = _setup("llama3.1-8b", tp=8)
+    b = Batch(decode_seqs=4, decode_kv=4 * 1000, decode_kv_window=4 * 1000, sampled=4)
+    work = cost._linear_s(4, 4) + cost.attention_s(b)
+    kernels = d.model.layers * KERNELS_PER_LAYER
+    graphed = cost.time_s(b) - eng.host_s_per_iteration
+    assert graphed > work + kernels * KERNEL_GAP_S
+    assert graphed == pytest.approx(work + kernels * KERNEL_GAP_S, rel=0.02)  # 4 tokens stream little
+    eager = IterationCost(d, replace(eng, cuda_graph_max_batch=0)).time_s(b) - eng.host_s_per_iteration
+    assert eager == pytest.approx(kernels * eng.host_s_per_kernel) and eager > graphed
+
+
 @pytest.mark.parametrize(("model", "prompt", "out"), [("llama3.1-8b", 1000, 50), ("mistral-7b", 4000, 200)])
 def test_single_request_is_prefill_plus_decode_iterations(model: str, prompt: int, out: int) -> None:
     """Alone, a request takes one prefill iteration (which samples the first token) and then n−1 decode
@@ -228,20 +247,20 @@ PUBLIC_INFERENCE = Path(__file__).resolve().parents[1] / "validation" / "inferen
 # Recomputed, not tuned: a change of the cost model or the simulator shows here. The online rows run the
 # 500 requests their table states (the project copy's load cells say so; the shared file leaves it out).
 PINNED_MAPE = {
-    "mean_itl_ms / trtllm@0.14 / H100": 25.84,
-    "mean_ttft_ms / trtllm@0.14 / H100": 15.61,
-    "output_throughput_tokens_per_s / trtllm@0.14 / H100": 12.17,
-    "prompt_time_ms / (blank) / A100-80GB": 41.14,
-    "prompt_time_ms / (blank) / H100": 46.4,
-    "request_throughput_req_per_s / trtllm@0.14 / H100": 13.12,
-    "throughput_tokens_per_s / trtllm@0.17 / A100-80GB": 3.36,
-    "throughput_tokens_per_s / trtllm@0.17 / GH200": 6.09,
-    "throughput_tokens_per_s / trtllm@0.17 / H100": 7.45,
-    "throughput_tokens_per_s / trtllm@0.17 / H200": 6.6,
-    "throughput_tokens_per_s / trtllm@0.17 / L40S": 8.55,
-    "token_time_ms_per_token / (blank) / A100-80GB": 15.22,
-    "token_time_ms_per_token / (blank) / H100": 11.35,
-    "total_token_throughput_tokens_per_s / trtllm@0.14 / H100": 12.15,
+    "mean_itl_ms / trtllm@0.14 / H100": 16.27,
+    "mean_ttft_ms / trtllm@0.14 / H100": 22.68,
+    "output_throughput_tokens_per_s / trtllm@0.14 / H100": 11.2,
+    "prompt_time_ms / (blank) / A100-80GB": 38.87,
+    "prompt_time_ms / (blank) / H100": 45.99,
+    "request_throughput_req_per_s / trtllm@0.14 / H100": 12.23,
+    "throughput_tokens_per_s / trtllm@0.17 / A100-80GB": 3.49,
+    "throughput_tokens_per_s / trtllm@0.17 / GH200": 6.7,
+    "throughput_tokens_per_s / trtllm@0.17 / H100": 7.48,
+    "throughput_tokens_per_s / trtllm@0.17 / H200": 6.99,
+    "throughput_tokens_per_s / trtllm@0.17 / L40S": 5.71,
+    "token_time_ms_per_token / (blank) / A100-80GB": 22.42,
+    "token_time_ms_per_token / (blank) / H100": 44.54,
+    "total_token_throughput_tokens_per_s / trtllm@0.14 / H100": 11.18,
 }
 
 
@@ -456,13 +475,16 @@ def test_kv_cache_dtype_follows_the_engine_unless_asked() -> None:
 
 
 def test_serve_prices_gemms_from_a_measured_profile() -> None:
-    """`--profile`: GEMMs the profile covers are its measured times (the calibrated H100 runs decode-sized
-    GEMMs at the weights' read rate, faster than the tile model); a profile of another GPU is refused."""
+    """`--profile`: GEMMs the profile covers are its measured times; the calibrated H100 (measured on a lent
+    H100 with `shardscope calibrate`) runs decode-sized GEMMs at the weights' read rate, as the split-K GEMM
+    model does: the decode steps agree within 10% without being the same numbers. A profile of another GPU is
+    refused."""
     calibrated = Path(__file__).resolve().parents[1] / "validation" / "calibrate_h100.sql.gz"
     kw = dict(gpus=1, engine="trtllm", precision="fp8", num_prompts=200, input_len=128, output_len=512)
     plain = serve_estimate("llama3.1-8b", **kw)
     measured = serve_estimate("llama3.1-8b", profile=calibrated, **kw)
-    assert measured.decode_iteration_s < 0.8 * plain.decode_iteration_s
+    assert measured.decode_iteration_s == pytest.approx(plain.decode_iteration_s, rel=0.1)
+    assert measured.decode_iteration_s != plain.decode_iteration_s
     with pytest.raises(ShardscopeError, match="measured on H100, not H200"):
         serve_estimate("llama3.1-8b", gpu="H200", profile=calibrated, **kw)
 

@@ -10,9 +10,11 @@ from shardscope.costs.efficiency import (
     HBM_FRACTION,
     KERNEL_GAP_S,
     SCATTER_HBM_FRACTION,
+    SPLIT_K_FIXED_S,
     attention_fraction,
     attention_grid_fill,
     gemm_fraction,
+    split_k,
 )
 from shardscope.graph.common import OpGroup
 from shardscope.graph.fp8 import QUANT_KERNELS
@@ -51,14 +53,16 @@ def gemm_time_s(
 ) -> float:
     """Roofline of one GEMM, or of a grouped GEMM of `groups` problems of (M, N, K) each: FLOPs at the
     size-dependent fraction of the precision's peak, or the operand traffic at streaming bandwidth,
-    whichever is longer (kernel gaps are counted by `op_time_s`). `weight_bytes`: the (K, N) operand's
-    bytes an element where they differ from the precision's (weights the kernel dequantizes)."""
+    whichever is longer, plus the partial sums' reduction of a GEMM split along K (`split_k`; kernel gaps
+    are counted by `op_time_s`). `weight_bytes`: the (K, N) operand's bytes an element where they differ
+    from the precision's (weights the kernel dequantizes)."""
     flops = 2.0 * m * n * k * groups
     compute = flops / (gpu.peak_tflops(precision) * 1e12 * gemm_fraction(gpu, m, n, k, precision, groups))
     elem = OPERAND_BYTES.get(precision, 2.0)
     weights = elem if weight_bytes is None else weight_bytes
     io = groups * (elem * m * k + weights * k * n + 2.0 * m * n)
-    return max(compute, memory_time_s(gpu, io))
+    reduce = SPLIT_K_FIXED_S if split_k(gpu, m, n, k, groups) > 1 else 0.0
+    return max(compute, memory_time_s(gpu, io)) + reduce
 
 
 def gemm_passes(op: Op, backward: bool, plan: Plan) -> tuple[str, int, list[tuple[int, int, int]]]:

@@ -25,6 +25,18 @@ GEMM_TILE = {"ampere": (128, 128), "hopper": (128, 256), "blackwell": (128, 256)
 # at K = 1024 and 1.38x at 2048, which K0 = 1088 gives (1.82 / 1.35).
 GEMM_K0 = {"bf16": 64, "fp8": 440, "fp4": 1088}
 GEMM_K_REF = 2048  # the depth at which `matmul_*_fraction` is stated
+# Split-K: a GEMM whose output tiles are fewer than the SMs (decode-sized M, a narrow N) is split along K
+# by cuBLAS and CUTLASS (split-K, stream-K) so that every SM streams its share of the weights; each split
+# keeps at least `SPLIT_K_MIN_DEPTH` of K, and reducing the partial sums costs `SPLIT_K_FIXED_S` a GEMM.
+# Grouped GEMMs (MoE experts) are not split: their problems' tiles share the waves instead. Fitted to
+# aiconfigurator's measured TRT-LLM 1.3.0rc20 BF16 GEMMs on H100 at M 1-512 (N, K 1k-16k), where without
+# it the model was 1.7-2.6x too slow; the same constants give 0.9-1.05 of vLLM 0.19's measured GEMMs on
+# H100, H200, B200 and GB200 and of TRT-LLM's on H200, B200, GB200 and A100 (tests/test_kernels_measured.py).
+# Applied where measured, up to `SPLIT_K_MAX_ROWS` rows: a training weight gradient that is deep in K with
+# few output tiles is left unsplit (no measurement of those shapes).
+SPLIT_K_MIN_DEPTH = 256
+SPLIT_K_FIXED_S = 1.5e-6
+SPLIT_K_MAX_ROWS = 512
 
 # Flash-attention kernels' fraction of dense BF16 peak at long sequence and head dim 128, forward and
 # backward, from the kernels' papers (boost-clock microbenchmarks, hence scaled by the GPU's
@@ -118,10 +130,22 @@ def clock_ratio(gpu: GPU) -> float:
     return gpu.matmul_sustained_fraction / gpu.matmul_burst_fraction
 
 
+def split_k(gpu: GPU, m: int, n: int, k: int, groups: int = 1) -> int:
+    """Pieces K is split into (1: not split) for a GEMM whose output tiles leave SMs idle (`SPLIT_K_MIN_DEPTH`)."""
+    if groups > 1 or min(m, n, k) <= 0 or m > SPLIT_K_MAX_ROWS:
+        return 1
+    tm, tn = GEMM_TILE.get(gpu.arch, (128, 128))
+    tiles = math.ceil(m / tm) * math.ceil(n / tn)
+    if tiles >= gpu.sms:
+        return 1
+    return max(1, min(gpu.sms // tiles, k // SPLIT_K_MIN_DEPTH))
+
+
 def gemm_fraction(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", groups: int = 1) -> float:
     """Fraction of peak a GEMM of (M, N, K) reaches: sustained large-GEMM fraction x tile and wave
     quantization x K-depth efficiency. Large, aligned GEMMs of depth `GEMM_K_REF` get the GPU's sustained
-    fraction; deeper ones up to (K_REF + K0)/K_REF of it (FP8 +16%, BF16 +3%).
+    fraction; deeper ones up to (K_REF + K0)/K_REF of it (FP8 +16%, BF16 +3%). A GEMM split along K
+    (`split_k`) fills the waves with its pieces, each of depth K / pieces.
     `groups` > 1: one grouped kernel over that many (M, N, K) problems (MoE experts): each problem is
     tiled on its own and all their tiles share the waves."""
     sustained = gpu.matmul_fraction(precision)
@@ -131,10 +155,11 @@ def gemm_fraction(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", gro
     tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
     tiles = tiles_m * tiles_n * groups
     tile_fill = (groups * m * n) / (tiles * tm * tn)
-    waves = math.ceil(tiles / gpu.sms)
-    wave_fill = tiles / (waves * gpu.sms)
+    pieces = split_k(gpu, m, n, k, groups)
+    waves = math.ceil(tiles * pieces / gpu.sms)
+    wave_fill = tiles * pieces / (waves * gpu.sms)
     k0 = GEMM_K0.get(precision, GEMM_K0["bf16"])
-    depth = (k / (k + k0)) / (GEMM_K_REF / (GEMM_K_REF + k0))
+    depth = (k / pieces / (k / pieces + k0)) / (GEMM_K_REF / (GEMM_K_REF + k0))
     return sustained * tile_fill * wave_fill * depth
 
 

@@ -22,8 +22,12 @@ from shardscope.models.quant import WEIGHT_FORMATS, WeightFormat
 from shardscope.models.spec import ModelSpec
 from shardscope.serve.engine import Engine
 
-# Kernels of one layer in an eager (graph-less) forward: two norms, QKV GEMM, RoPE, KV-cache write,
-# attention, output GEMM, gate/up GEMM, activation, down GEMM, two all-reduces (vLLM's Llama layer).
+# Kernels of one layer's forward: two norms, QKV GEMM, RoPE, KV-cache write, attention, output GEMM,
+# gate/up GEMM, activation, down GEMM, two all-reduces (vLLM's Llama layer). Each pays the GPU-side gap
+# between dependent kernels (`KERNEL_GAP_S`) inside a CUDA graph too: a graph removes the host's launches,
+# not the drain and ramp between kernels. aiconfigurator's GEMM timings are CUDA-graph replays (collector
+# helper.py `benchmark_with_power`, distinct weight copies past L2), and a decode-sized GEMM of 2 MB of
+# weights measures 4 us there, where streaming its weights takes 0.7.
 KERNELS_PER_LAYER = 12
 ACT_BYTES = 2  # activations and all-reduce payloads in BF16
 LOGIT_BYTES = 4  # vLLM's sampler upcasts logits to FP32
@@ -255,9 +259,32 @@ class IterationCost:
         self.kv_layer_bytes = kv_bytes_per_token(self.d) / self.d.stage_layers
         self.attn_cols = max(1, round(m.attention_params / m.hidden / tp))
         self.dense_gemm, self.expert_gemm = self.d.gemm(experts=False), self.d.gemm(experts=True)
+        self.elementwise_bytes_per_token = self._elementwise_bytes_per_token()
         self.tp_group = place_group(self.d.cluster, tp, 1)
         self.pp_group = place_group(self.d.cluster, self.d.pp, tp)
         self.ep_group = place_group(self.d.cluster, self.d.ep, 1)
+
+    def _elementwise_bytes_per_token(self) -> float:
+        """Bytes the streaming kernels of all layers move a token on one GPU: the residual add fused with
+        RMSNorm before attention and before the MLP (reads the hidden state and the residual, writes both:
+        4 hidden-wide rows each, every TP rank holding them whole), RoPE with the KV-cache write (reads and
+        writes this rank's q, k and v rows) and a dense MLP's activation (a gated one reads gate and up and
+        writes their product: 3 ffn/tp rows; a fused MoE layer's activation is in `fused_moe_extras_s`)."""
+        m, tp = self.d.model, self.d.tp
+        per_layer = 8 * m.hidden + 2 * (m.q_dim + 2 * m.kv_dim) / tp
+        act = (3 if m.mlp == "swiglu" else 2) * m.ffn_hidden / tp
+        return ACT_BYTES * (m.layers * per_layer + self.dense_layers * act)
+
+    def overheads_s(self, tokens: int, graphed: bool, gpu_s: float) -> float:
+        """What an iteration of `tokens` tokens adds to its GEMMs, attention and communication (`gpu_s`): the
+        streaming kernels' traffic and every kernel's gap; outside a CUDA graph the host issues each kernel
+        (`Engine.host_s_per_kernel`) and the GPU waits where the host is slower; the engine's per-iteration
+        host work."""
+        kernels = self.d.model.layers * KERNELS_PER_LAYER
+        gpu = gpu_s + memory_time_s(self.d.cluster.gpu, tokens * self.elementwise_bytes_per_token)
+        gpu += kernels * KERNEL_GAP_S
+        host = 0.0 if graphed else kernels * self.engine.host_s_per_kernel
+        return max(gpu, host) - gpu_s + self.engine.host_s_per_iteration
 
     def _linear_s(self, tokens: int, sampled: int) -> float:
         """GEMMs, MoE experts, LM head and TP all-reduces of one forward over `tokens` tokens."""
@@ -354,9 +381,7 @@ class IterationCost:
             return 0.0
         t = self._linear_s(tokens, b.sampled) + self.attention_s(b)
         graphed = b.prefill_tokens == 0 and b.decode_seqs <= self.engine.cuda_graph_max_batch
-        if not graphed:
-            t += self.d.model.layers * KERNELS_PER_LAYER * KERNEL_GAP_S
-        return t + self.engine.host_s_per_iteration
+        return t + self.overheads_s(tokens, graphed, t)
 
 
 @dataclass(frozen=True, slots=True)
@@ -442,9 +467,8 @@ class SpecIterationCost(IterationCost):
         flops_s = q * keys * self.pair_flops / (gpu.bf16_tflops * 1e12 * frac)
         t += max(flops_s, memory_time_s(gpu, keys * self.kv_layer_bytes))
         graphed = b.prefill_tokens == 0 and tokens <= self.engine.cuda_graph_max_batch
-        if not graphed:
-            t += self.d.model.layers * KERNELS_PER_LAYER * KERNEL_GAP_S
-        return t + self.engine.host_s_per_iteration + self.propose_s(b.decode_seqs, b.decode_kv, b.decode_kv_window)
+        t += self.overheads_s(tokens, graphed, t)
+        return t + self.propose_s(b.decode_seqs, b.decode_kv, b.decode_kv_window)
 
 
 def replace_decode(b: Batch) -> Batch:

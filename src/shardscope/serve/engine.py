@@ -38,6 +38,7 @@ class Engine:
     cuda_graph_pool_gib: float
     non_torch_gib: float
     host_s_per_iteration: float
+    host_s_per_kernel: float  # the host's time to issue one kernel outside a CUDA graph
     sources: tuple[tuple[str, str], ...]
     # a quantized (FP8 or NVFP4) checkpoint's KV cache is FP8 unless the user says otherwise
     fp8_kv_with_quantized_weights: bool = False
@@ -126,6 +127,7 @@ def load_engine(spec: str, gpu: GPU) -> Engine:
         cuda_graph_pool_gib=float(values["cuda_graph_pool_gib"]),
         non_torch_gib=float(values["non_torch_gib"]),
         host_s_per_iteration=float(values["host_s_per_iteration"]),
+        host_s_per_kernel=float(values["host_s_per_kernel"]),
         sources=tuple(sorted(sources.items())),
         fp8_kv_with_quantized_weights=bool(values.get("fp8_kv_with_quantized_weights", False)),
         uniform_sliding_window=bool(values.get("uniform_sliding_window", True)),

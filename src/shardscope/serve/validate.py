@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardscope.costs.host import CPP_LAUNCH_S, LAUNCH_S
 from shardscope.errors import ShardscopeError
 from shardscope.hardware.catalog import make_cluster
 from shardscope.serve.cost import Batch, Deployment, IterationCost, weights_bytes_per_gpu
@@ -150,13 +151,17 @@ def _engine(cell: str, gpu_name: str, static: bool) -> tuple[Engine | None, str]
         return eng, f"release {release} not shipped; ran {eng.label}'s settings"
 
 
-def _static_engine() -> Engine:
-    """A static batch run by kernels alone: no CUDA graph, no per-iteration host cost."""
+def _static_engine(cell: str) -> Engine:
+    """A static batch run by kernels alone: no CUDA graph, no per-iteration host cost; each kernel issued from
+    C++ by FasterTransformer, from Python by an engine the row does not name (eager PyTorch, as research
+    profiles of the time ran)."""
+    launch = CPP_LAUNCH_S if cell.strip().lower() == "fastertransformer" else LAUNCH_S
     return Engine(
         name="static", release="-", title="static batch (kernels only)", policy="fcfs", chunked_prefill=False,
         kv_admission="reserve_full", max_num_batched_tokens=1 << 30, max_num_seqs=1 << 30, block_size=1,
         memory_rule="free_fraction", gpu_memory_utilization=1.0, reserved_gib=0.0, kv_free_fraction=1.0,
-        cuda_graph_max_batch=0, cuda_graph_pool_gib=0.0, non_torch_gib=0.0, host_s_per_iteration=0.0, sources=(),
+        cuda_graph_max_batch=0, cuda_graph_pool_gib=0.0, non_torch_gib=0.0, host_s_per_iteration=0.0,
+        host_s_per_kernel=launch, sources=(),
     )  # fmt: skip
 
 
@@ -262,7 +267,7 @@ def _static(case: _Case) -> tuple[float, float, float, float]:
     d = Deployment(load_model(case.model), cluster, case.tp, case.precision)
     if weights_bytes_per_gpu(d) > cluster.gpu.hbm_gib * (1 << 30):
         raise SkipRow(f"{case.model} weights do not fit {case.tp}x {case.gpu}")
-    cost = IterationCost(d, _static_engine())
+    cost = IterationCost(d, _static_engine(case.engine))
     b, isl, w = case.requests, case.isl, d.model.attention_window if cost.window_layers else 0
     pairs = isl * (isl + 1) / 2
     prefill = cost.time_s(Batch(b * isl, b * pairs, b * window_keys(0, isl, w), sampled=b))

@@ -1,0 +1,66 @@
+"""Extract NVIDIA aiconfigurator's measured decode-sized BF16 GEMMs (M 1-512 rows) for the split-K check.
+
+Run inside a clone of github.com/ai-dynamo/aiconfigurator (it reads commit `REV` with git), with `pyarrow`
+installed (`$SHARDSCOPE` is this repository):
+
+    python $SHARDSCOPE/tools/aiconfigurator_gemm.py > $SHARDSCOPE/validation/gemm_decode_measured_aiconfigurator.csv
+
+Each row of `aic-core/src/aiconfigurator_core/systems/data/<gpu>/gemm/<engine>/<release>/gemm_perf.parquet`
+is one Linear layer's forward, timed as a CUDA-graph replay over distinct weight copies that together exceed
+the L2 cache (collector/helper.py `benchmark_with_power`, collector/trtllm/collect_gemm.py): TRT-LLM's
+Linear (cuBLAS / its own kernels) and vLLM's default GEMM path. Kept: BF16, M 1-512, N and K powers of two
+from 1k to 16k, the median of repeated shapes.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REV = "095f58a"  # the aiconfigurator commit the CSV was read at
+DATA = "aic-core/src/aiconfigurator_core/systems/data"
+# (system directory, GPU, engine, release)
+TABLES = (
+    ("h100_sxm", "H100", "trtllm", "1.3.0rc20"),
+    ("h200_sxm", "H200", "trtllm", "1.3.0rc20"),
+    ("b200_sxm", "B200", "trtllm", "1.3.0rc20"),
+    ("gb200", "GB200", "trtllm", "1.3.0rc20"),
+    ("a100_sxm", "A100-80GB", "trtllm", "1.0.0"),
+    ("h100_sxm", "H100", "vllm", "0.19.0"),
+    ("h200_sxm", "H200", "vllm", "0.19.0"),
+    ("b200_sxm", "B200", "vllm", "0.19.0"),
+    ("gb200", "GB200", "vllm", "0.19.0"),
+)
+ROWS = (1, 4, 8, 16, 32, 64, 128, 256, 512)
+WIDTHS = (1024, 2048, 4096, 8192, 16384)
+
+
+def _table(system: str, engine: str, release: str) -> list[dict]:
+    blob = subprocess.run(
+        ["git", "show", f"{REV}:{DATA}/{system}/gemm/{engine}/{release}/gemm_perf.parquet"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    return pq.read_table(pa.BufferReader(blob)).to_pylist()
+
+
+def main() -> None:
+    out = csv.writer(sys.stdout, lineterminator="\n")
+    out.writerow(["gpu", "engine", "release", "m", "n", "k", "latency_ms"])
+    for system, gpu, engine, release in TABLES:
+        times: dict[tuple[int, int, int], list[float]] = {}
+        for r in _table(system, engine, release):
+            if r["gemm_dtype"] != "bfloat16" or r["m"] not in ROWS or r["n"] not in WIDTHS or r["k"] not in WIDTHS:
+                continue
+            times.setdefault((r["m"], r["n"], r["k"]), []).append(float(r["latency"]))
+        for (m, n, k), ms in sorted(times.items()):
+            out.writerow([gpu, engine, release, m, n, k, f"{statistics.median(ms):.6g}"])
+
+
+if __name__ == "__main__":
+    main()
