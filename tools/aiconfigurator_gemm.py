@@ -1,7 +1,7 @@
 """Extract NVIDIA aiconfigurator's measured decode-sized BF16 GEMMs (M 1-512 rows) for the split-K check.
 
-Run inside a clone of github.com/ai-dynamo/aiconfigurator (it reads commit `REV` with git), with `pyarrow`
-installed (`$SHARDSCOPE` is this repository):
+Run inside a clone of github.com/ai-dynamo/aiconfigurator (it reads commit `aiconfigurator_tables.REV` with
+git), with `pyarrow` installed (`$SHARDSCOPE` is this repository):
 
     python $SHARDSCOPE/tools/aiconfigurator_gemm.py > $SHARDSCOPE/validation/gemm_decode_measured_aiconfigurator.csv
 
@@ -16,14 +16,10 @@ from __future__ import annotations
 
 import csv
 import statistics
-import subprocess
 import sys
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+from aiconfigurator_tables import read_table
 
-REV = "095f58a"  # the aiconfigurator commit the CSV was read at
-DATA = "aic-core/src/aiconfigurator_core/systems/data"
 # (system directory, GPU, engine, release)
 TABLES = (
     ("h100_sxm", "H100", "trtllm", "1.3.0rc20"),
@@ -40,21 +36,12 @@ ROWS = (1, 4, 8, 16, 32, 64, 128, 256, 512)
 WIDTHS = (1024, 2048, 4096, 8192, 16384)
 
 
-def _table(system: str, engine: str, release: str) -> list[dict]:
-    blob = subprocess.run(
-        ["git", "show", f"{REV}:{DATA}/{system}/gemm/{engine}/{release}/gemm_perf.parquet"],
-        capture_output=True,
-        check=True,
-    ).stdout
-    return pq.read_table(pa.BufferReader(blob)).to_pylist()
-
-
 def main() -> None:
     out = csv.writer(sys.stdout, lineterminator="\n")
     out.writerow(["gpu", "engine", "release", "m", "n", "k", "latency_ms"])
     for system, gpu, engine, release in TABLES:
         times: dict[tuple[int, int, int], list[float]] = {}
-        for r in _table(system, engine, release):
+        for r in read_table(system, "gemm", engine, release):
             if r["gemm_dtype"] != "bfloat16" or r["m"] not in ROWS or r["n"] not in WIDTHS or r["k"] not in WIDTHS:
                 continue
             times.setdefault((r["m"], r["n"], r["k"]), []).append(float(r["latency"]))

@@ -1,8 +1,8 @@
 """Extract NVIDIA aiconfigurator's measured TRT-LLM fused-MoE forward times for the training shapes, or
 (`--serving`) for the tensor-parallel serving shapes.
 
-Run inside a clone of github.com/ai-dynamo/aiconfigurator (it reads commit `REV` with git), with `pyarrow`
-installed (`$SHARDSCOPE` is this repository):
+Run inside a clone of github.com/ai-dynamo/aiconfigurator (it reads commit `aiconfigurator_tables.REV` with
+git), with `pyarrow` installed (`$SHARDSCOPE` is this repository):
 
     python $SHARDSCOPE/tools/aiconfigurator_moe.py > $SHARDSCOPE/validation/moe_measured_aiconfigurator.csv
     python $SHARDSCOPE/tools/aiconfigurator_moe.py --serving > $SHARDSCOPE/validation/moe_tp_measured_aiconfigurator.csv
@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import argparse
 import csv
-import subprocess
 import sys
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+from aiconfigurator_tables import read_table
 
 # (hidden, expert ffn, top-k, experts) -> catalog model
 SHAPES = {
@@ -42,8 +40,6 @@ SHAPES = {
 SYSTEMS = {"h100_sxm": "H100", "b200_sxm": "B200", "gb200": "GB200"}
 KERNELS = {"bfloat16": "moe_torch_flow_cutlass", "fp8_block": "deepgemm"}
 VERSION = "1.3.0rc20"
-REV = "095f58a"  # the aiconfigurator commit the CSV was read at
-DATA = "aic-core/src/aiconfigurator_core/systems/data"
 # (system, GPU, engine directory, release, kernel) of each serving table
 SERVING_TABLES = (
     ("h100_sxm", "H100", "trtllm", VERSION, "moe_torch_flow_cutlass"),
@@ -66,21 +62,12 @@ def _serving_row(r: dict) -> bool:
     return r["moe_dtype"] in ("bfloat16", "fp8") and r["num_experts"] != 256
 
 
-def _table(system: str, engine: str, release: str) -> list[dict]:
-    blob = subprocess.run(
-        ["git", "show", f"{REV}:{DATA}/{system}/moe/{engine}/{release}/moe_perf.parquet"],
-        capture_output=True,
-        check=True,
-    ).stdout
-    return pq.read_table(pa.BufferReader(blob)).to_pylist()
-
-
 def training() -> None:
     out = csv.writer(sys.stdout, lineterminator="\n")
     out.writerow(["gpu", "dtype", "kernel", "trtllm_version", "model", "num_tokens", "hidden", "inter", "top_k",
                   "experts", "latency_ms"])  # fmt: skip
     for system, gpu in SYSTEMS.items():
-        for r in _table(system, "trtllm", VERSION):
+        for r in read_table(system, "moe", "trtllm", VERSION):
             shape = (r["hidden_size"], r["inter_size"], r["topk"], r["num_experts"])
             if shape not in SHAPES or r["distribution"] != "balanced" or r["moe_ep_size"] != 1 or not _training_row(r):
                 continue
@@ -93,7 +80,7 @@ def serving() -> None:
     out.writerow(["gpu", "engine", "dtype", "kernel", "model", "num_tokens", "hidden", "inter", "top_k", "experts",
                   "moe_tp", "latency_ms"])  # fmt: skip
     for system, gpu, engine, release, kernel in SERVING_TABLES:
-        for r in _table(system, engine, release):
+        for r in read_table(system, "moe", engine, release):
             shape = (r["hidden_size"], r["inter_size"], r["topk"], r["num_experts"])
             if shape not in SHAPES or r["distribution"] != "balanced" or r["moe_ep_size"] != 1:
                 continue

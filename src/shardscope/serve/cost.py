@@ -275,16 +275,16 @@ class IterationCost:
         act = (3 if m.mlp == "swiglu" else 2) * m.ffn_hidden / tp
         return ACT_BYTES * (m.layers * per_layer + self.dense_layers * act)
 
-    def overheads_s(self, tokens: int, graphed: bool, gpu_s: float) -> float:
-        """What an iteration of `tokens` tokens adds to its GEMMs, attention and communication (`gpu_s`): the
-        streaming kernels' traffic and every kernel's gap; outside a CUDA graph the host issues each kernel
-        (`Engine.host_s_per_kernel`) and the GPU waits where the host is slower; the engine's per-iteration
-        host work."""
+    def with_overheads_s(self, work_s: float, tokens: int, graphed: bool) -> float:
+        """Wall time of an iteration of `tokens` tokens whose GEMMs, attention and communication take `work_s`:
+        plus the streaming kernels' traffic and every kernel's gap; outside a CUDA graph the host issues each
+        kernel (`Engine.host_s_per_kernel`) and the GPU waits where the host is slower; plus the engine's
+        per-iteration host work."""
         kernels = self.d.model.layers * KERNELS_PER_LAYER
-        gpu = gpu_s + memory_time_s(self.d.cluster.gpu, tokens * self.elementwise_bytes_per_token)
+        gpu = work_s + memory_time_s(self.d.cluster.gpu, tokens * self.elementwise_bytes_per_token)
         gpu += kernels * KERNEL_GAP_S
         host = 0.0 if graphed else kernels * self.engine.host_s_per_kernel
-        return max(gpu, host) - gpu_s + self.engine.host_s_per_iteration
+        return max(gpu, host) + self.engine.host_s_per_iteration
 
     def _linear_s(self, tokens: int, sampled: int) -> float:
         """GEMMs, MoE experts, LM head and TP all-reduces of one forward over `tokens` tokens."""
@@ -381,7 +381,7 @@ class IterationCost:
             return 0.0
         t = self._linear_s(tokens, b.sampled) + self.attention_s(b)
         graphed = b.prefill_tokens == 0 and b.decode_seqs <= self.engine.cuda_graph_max_batch
-        return t + self.overheads_s(tokens, graphed, t)
+        return self.with_overheads_s(t, tokens, graphed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -467,8 +467,8 @@ class SpecIterationCost(IterationCost):
         flops_s = q * keys * self.pair_flops / (gpu.bf16_tflops * 1e12 * frac)
         t += max(flops_s, memory_time_s(gpu, keys * self.kv_layer_bytes))
         graphed = b.prefill_tokens == 0 and tokens <= self.engine.cuda_graph_max_batch
-        t += self.overheads_s(tokens, graphed, t)
-        return t + self.propose_s(b.decode_seqs, b.decode_kv, b.decode_kv_window)
+        propose = self.propose_s(b.decode_seqs, b.decode_kv, b.decode_kv_window)
+        return self.with_overheads_s(t, tokens, graphed) + propose
 
 
 def replace_decode(b: Batch) -> Batch:
