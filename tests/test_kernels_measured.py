@@ -209,6 +209,8 @@ GEMM_QUANT = {
     "nvfp4": (2.0 + 0.5625, 1),
 }
 GEMM_PRECISION = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4"}
+# TRT-LLM's per-tensor FP8 Linear runs its GEMM through cuBLASLt (`cublas_scaled_mm`), as training frameworks do
+GEMM_LIBRARY = {"fp8": "cublaslt"}
 
 
 def _gemm_rows() -> list[dict[str, str]]:
@@ -221,7 +223,9 @@ def _gemm_model_ms(row: dict[str, str]) -> float:
     gpu = load_gpu(row["gpu"])
     m, n, k = int(row["m"]), int(row["n"]), int(row["k"])
     precision = GEMM_PRECISION[row["dtype"]]
-    rate = gpu.peak_tflops(precision) * 1e12 * gemm_fraction(gpu, m, n, k, precision) / clock_ratio(gpu)
+    library = GEMM_LIBRARY.get(row["dtype"], "")
+    fraction = gemm_fraction(gpu, m, n, k, precision, library=library)
+    rate = gpu.peak_tflops(precision) * 1e12 * fraction / clock_ratio(gpu)
     quant_bytes, quant_kernels = GEMM_QUANT[row["dtype"]]
     seconds = 2.0 * m * n * k / rate + memory_time_s(gpu, quant_bytes * m * k) + (1 + quant_kernels) * KERNEL_GAP_S
     return seconds * 1e3
@@ -229,21 +233,25 @@ def _gemm_model_ms(row: dict[str, str]) -> float:
 
 def test_gemm_fractions_are_the_measured_tables_fit():
     """Per GPU and precision (A100, L40S, H100, H200, B200, GB200, B300, GB300; BF16 (FP16 on the L40S),
-    FP8 per-tensor on Ada and Hopper, block-scaled FP8 on Blackwell, NVFP4 on B200 and GB200), the
-    catalog's matmul fractions reproduce 162-243 measured GEMMs (M 4k-16k, N and K 1k-16k) within 2% on
-    average, and 90% of them within 20% each: tile and wave quantization and the K depth carry the rest of
-    the shape dependence."""
+    FP8 per-tensor (cuBLASLt) everywhere but the A100, block-scaled FP8 (DeepGEMM) on Blackwell, NVFP4 on B200
+    and GB200), the catalog's matmul fractions reproduce 162-243 measured GEMMs (M 4k-16k, N and K 1k-16k)
+    within 2% on average, and 90% of them within 20% each: tile and wave quantization and the K depth carry
+    the rest of the shape dependence. On Blackwell cuBLASLt's per-tensor FP8 runs at 0.78-0.82 of
+    DeepGEMM's block-scaled rate (`fp8_cublaslt_matmul_sustained_fraction`); on Hopper the two agree."""
     groups: dict[tuple[str, str], list[float]] = {}
     for row in _gemm_rows():
         groups.setdefault((row["gpu"], row["dtype"]), []).append(_gemm_model_ms(row) / float(row["latency_ms"]))
-    assert len(groups) == 17
+    assert len(groups) == 21
     for key, ratios in groups.items():
         assert _geomean(ratios) == pytest.approx(1.0, abs=0.02), key
         within = sum(0.8 < r < 1.2 for r in ratios) / len(ratios)
-        # A miss kept: on the L40S (GDDR6, 350 W) the per-tensor FP8 layers of 1k-4k outputs run up to 1.6x
+        # Misses kept: on the L40S (GDDR6, 350 W) the per-tensor FP8 layers of 1k-4k outputs run up to 1.6x
         # faster than their modelled input quantization allows, and the largest ones 25% slower than the
-        # one fraction (they throttle): 65% of its shapes within 20%.
-        assert within >= (0.6 if key == ("L40S", "fp8") else 0.9), (key, round(within, 2))
+        # one fraction (they throttle): 65% of its shapes within 20%. Blackwell's per-tensor FP8 layers depend
+        # less on K than the depth curve fitted on Hopper's (the 16k x 16k x 1k ones 25-37% faster than
+        # modelled) and the 4k x 1k ones more on their fixed costs (up to 1.6x slower): 83-86% within 20%.
+        floor = {"L40S": 0.6, "B200": 0.8, "GB200": 0.8, "B300": 0.8, "GB300": 0.8} if key[1] == "fp8" else {}
+        assert within >= floor.get(key[0], 0.9), (key, round(within, 2))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "fp8", "fp8_block", "nvfp4"])
@@ -348,6 +356,8 @@ def _moe_model_ms(row: dict[str, str]) -> float:
     the measured op takes the logits as input and has no shared expert."""
     model = load_model(row["model"])
     cluster = make_cluster(row["gpu"], 1)
+    # the measured FP8 experts are DeepGEMM's, whose rate the FP8 fraction is: not the cuBLASLt one of training
+    gpu = dataclasses.replace(cluster.gpu, fp8_cublaslt_matmul_sustained_fraction=None)
     fp8 = {"precision": "fp8", "fp8_recipe": "blockwise"} if row["dtype"] == "fp8_block" else {}
     # TRT-LLM's fused MoE runs the gated activation as one fused kernel
     plan = make_plan(model, cluster, global_batch=1, seq_len=int(row["num_tokens"]), fused_activation=True, **fp8)
@@ -362,8 +372,8 @@ def _moe_model_ms(row: dict[str, str]) -> float:
     assert measured[0].name == "router" and measured[-1].name == "unpermute + weighted sum"
     seconds = 0.0
     for op in measured[1:]:  # TRT-LLM's fused MoE has no shared expert and takes the router's logits
-        t = op_time_s(cluster.gpu, op, False, plan)
-        seconds += t * clock_ratio(cluster.gpu) if op.kind == "gemm" else t
+        t = op_time_s(gpu, op, False, plan)
+        seconds += t * clock_ratio(gpu) if op.kind == "gemm" else t
     return seconds * 1e3
 
 
@@ -438,3 +448,23 @@ def test_serving_moe_layer_matches_measured_tp_sharded_fused_moe():
         bare = {tp: _geomean(gemms_only[gpu, engine, dtype, tp]) for tp in (1, 8)}
         assert full[8] / full[1] == pytest.approx(1.0, abs=0.12), (gpu, engine, dtype)
         assert bare[8] < 0.85 < bare[1], (gpu, engine, dtype)  # the GEMMs alone miss the TP8 kernels
+
+
+def test_training_fp8_gemms_run_at_cublaslt_rate_where_it_is_measured_slower():
+    """A training plan's FP8 GEMMs take the GPU's cuBLASLt FP8 fraction (Blackwell: 0.78-0.82 of the
+    block-scaled DeepGEMM one), its BF16 GEMMs and a GPU without that figure (Hopper) are unchanged."""
+    from shardscope.costs.compute import gemm_library
+    from shardscope.graph.build import layer_group
+
+    model = load_model("llama3.1-8b")
+    for name, slower in (("B200", True), ("H100", False)):
+        cluster = make_cluster(name, 8)
+        plan = make_plan(model, cluster, precision="fp8", seq_len=8192, global_batch=8)
+        gemms = [op for op in layer_group(model, plan, cluster.gpu.arch).ops if op.kind == "gemm"]
+        assert {gemm_library(op, plan) for op in gemms} == {"cublaslt"}
+        block_rate = dataclasses.replace(cluster.gpu, fp8_cublaslt_matmul_sustained_fraction=None)
+        for op in gemms:
+            ratio = op_time_s(cluster.gpu, op, True, plan) / op_time_s(block_rate, op, True, plan)
+            assert (ratio > 1.15) if slower else ratio == 1.0, (name, op.name, ratio)
+        bf16 = make_plan(model, cluster, precision="bf16", seq_len=8192, global_batch=8)
+        assert {gemm_library(op, bf16) for op in layer_group(model, bf16, cluster.gpu.arch).ops} == {""}

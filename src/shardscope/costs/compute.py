@@ -49,15 +49,22 @@ OPERAND_BYTES = {"fp8": 1.0, "fp4": 0.5625}
 
 
 def gemm_time_s(
-    gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", groups: int = 1, weight_bytes: float | None = None
+    gpu: GPU,
+    m: int,
+    n: int,
+    k: int,
+    precision: str = "bf16",
+    groups: int = 1,
+    weight_bytes: float | None = None,
+    library: str = "",
 ) -> float:
     """Roofline of one GEMM, or of a grouped GEMM of `groups` problems of (M, N, K) each: FLOPs at the
     size-dependent fraction of the precision's peak, or the operand traffic at streaming bandwidth,
     whichever is longer, plus the partial sums' reduction of a GEMM split along K (`split_k`; kernel gaps
     are counted by `op_time_s`). `weight_bytes`: the (K, N) operand's bytes an element where they differ
-    from the precision's (weights the kernel dequantizes)."""
+    from the precision's (weights the kernel dequantizes); `library`: the kernel library (`gemm_library`)."""
     flops = 2.0 * m * n * k * groups
-    compute = flops / (gpu.peak_tflops(precision) * 1e12 * gemm_fraction(gpu, m, n, k, precision, groups))
+    compute = flops / (gpu.peak_tflops(precision) * 1e12 * gemm_fraction(gpu, m, n, k, precision, groups, library))
     elem = OPERAND_BYTES.get(precision, 2.0)
     weights = elem if weight_bytes is None else weight_bytes
     io = groups * (elem * m * k + weights * k * n + 2.0 * m * n)
@@ -77,6 +84,17 @@ def gemm_passes(op: Op, backward: bool, plan: Plan) -> tuple[str, int, list[tupl
     if backward:
         return precision, g, [p for n in widths for p in ((mg, k, n), (k, n, mg))]
     return precision, g, [(mg, n, k) for n in widths]
+
+
+# Training frameworks issue every FP8 GEMM through cuBLASLt: Transformer Engine for each recipe
+# (common/gemm/cublaslt_gemm.cu), torchao through `torch._scaled_mm`. Only its per-tensor GEMMs are measured on
+# Blackwell (aiconfigurator's TRT-LLM FP8 Linear, `cublas_scaled_mm`): MXFP8 and block scaling take that rate.
+TRAINING_FP8_LIBRARY = "cublaslt"
+
+
+def gemm_library(op: Op, plan: Plan) -> str:
+    """The kernel library a training GEMM op runs in (`GPU.matmul_fraction`): cuBLASLt for FP8."""
+    return TRAINING_FP8_LIBRARY if op.fp8 and plan.precision == "fp8" else ""
 
 
 def _kernels_per_expert(op: Op, backward: bool, plan: Plan) -> int:
@@ -117,7 +135,8 @@ def op_time_s(gpu: GPU, op: Op, backward: bool, plan: Plan) -> float:
             return measured + gaps
     if op.kind == "gemm":
         precision, g, passes = gemm_passes(op, backward, plan)
-        return sum(gemm_time_s(gpu, m, n, k, precision, g) for m, n, k in passes) + gaps
+        library = gemm_library(op, plan)
+        return sum(gemm_time_s(gpu, m, n, k, precision, g, library=library) for m, n, k in passes) + gaps
     if op.kind == "attention":
         flops = op.bwd_flops if backward else op.flops
         # each query block loops over this rank's seq_len / cp keys, or over the window or chunk that bounds it

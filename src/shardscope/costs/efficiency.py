@@ -141,14 +141,17 @@ def split_k(gpu: GPU, m: int, n: int, k: int, groups: int = 1) -> int:
     return max(1, min(gpu.sms // tiles, k // SPLIT_K_MIN_DEPTH))
 
 
-def gemm_fraction(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", groups: int = 1) -> float:
+def gemm_fraction(
+    gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", groups: int = 1, library: str = ""
+) -> float:
     """Fraction of peak a GEMM of (M, N, K) reaches: sustained large-GEMM fraction x tile and wave
     quantization x K-depth efficiency. Large, aligned GEMMs of depth `GEMM_K_REF` get the GPU's sustained
     fraction; deeper ones up to (K_REF + K0)/K_REF of it (FP8 +16%, BF16 +3%). A GEMM split along K
     (`split_k`) fills the waves with its pieces, each of depth K / pieces.
     `groups` > 1: one grouped kernel over that many (M, N, K) problems (MoE experts): each problem is
-    tiled on its own and all their tiles share the waves."""
-    sustained = gpu.matmul_fraction(precision)
+    tiled on its own and all their tiles share the waves. `library`: the kernel library where it sets the
+    sustained fraction (`GPU.matmul_fraction`)."""
+    sustained = gpu.matmul_fraction(precision, library)
     if m <= 0 or n <= 0 or k <= 0:
         return sustained
     tm, tn = GEMM_TILE.get(gpu.arch, (128, 128))

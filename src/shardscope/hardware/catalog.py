@@ -43,6 +43,9 @@ class GPU:
     matmul_burst_fraction: float
     matmul_sustained_fraction: float
     fp8_matmul_sustained_fraction: float | None = None
+    # FP8 GEMMs through cuBLASLt (training frameworks' path) where they run slower than the kernels the FP8
+    # fraction was measured on (Blackwell: DeepGEMM); None: the FP8 fraction
+    fp8_cublaslt_matmul_sustained_fraction: float | None = None
     fp4_tflops: float | None = None  # dense FP4 (NVFP4) tensor peak; None where the chip has no FP4 tensor cores
     fp4_matmul_sustained_fraction: float | None = None
     attention_fwd_scale: float = 1.0  # flash-attention forward speed over its architecture's figures
@@ -60,9 +63,11 @@ class GPU:
     # memoised costs of a profiled GPU are never those of the bare one.
     profile: Profile | None = None
 
-    def matmul_fraction(self, precision: str) -> float:
+    def matmul_fraction(self, precision: str, library: str = "") -> float:
         """Sustained fraction of the datasheet peak that large GEMMs of this precision reach (FP4 where
-        unmeasured: FP8's)."""
+        unmeasured: FP8's); `library` "cublaslt": FP8 GEMMs issued through cuBLASLt."""
+        if precision == "fp8" and library == "cublaslt" and self.fp8_cublaslt_matmul_sustained_fraction:
+            return self.fp8_cublaslt_matmul_sustained_fraction
         if precision == "fp4" and self.fp4_matmul_sustained_fraction:
             return self.fp4_matmul_sustained_fraction
         if precision in ("fp8", "fp4") and self.fp8_matmul_sustained_fraction:
@@ -150,10 +155,12 @@ def power_capped(gpu: GPU, watts: float) -> GPU:
         raise ShardscopeError(f"--power-limit needs the GPU's TDP, which the catalog lacks for {gpu.name}")
     ratio = min(1.0, (watts / gpu.tdp_w) ** (1 / 3))
     fp8, fp4 = gpu.fp8_matmul_sustained_fraction, gpu.fp4_matmul_sustained_fraction
+    cublaslt = gpu.fp8_cublaslt_matmul_sustained_fraction
     return replace(
         gpu,
         matmul_sustained_fraction=gpu.matmul_sustained_fraction * ratio,
         fp8_matmul_sustained_fraction=fp8 * ratio if fp8 else fp8,
+        fp8_cublaslt_matmul_sustained_fraction=cublaslt * ratio if cublaslt else cublaslt,
         fp4_matmul_sustained_fraction=fp4 * ratio if fp4 else fp4,
         notes=f"{gpu.notes} Power-capped at {watts:g} W (compute clocks x{ratio:.3f}).".strip(),
     )

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 
 from shardscope.costs.comm import GroupPlacement, collective_time_s, place_group
-from shardscope.costs.compute import gemm_passes, gemm_time_s, group_times_s, memory_time_s
+from shardscope.costs.compute import gemm_library, gemm_passes, gemm_time_s, group_times_s, memory_time_s
 from shardscope.costs.efficiency import EP_OVERLAP_FRACTION, overlap_slowdown
 from shardscope.costs.fsdp import fsdp_copy_times_s
 from shardscope.costs.host import host_stall_s, moe_graphed
@@ -220,7 +220,8 @@ def _gemm_times(cluster: Cluster, plan: Plan, unit: OpGroup, backward: bool) -> 
     out: dict = {}
     for op, t in gemms:
         precision, g, passes = gemm_passes(op, True, plan)
-        parts = [gemm_time_s(cluster.gpu, m, n, k, precision, g) for m, n, k in passes]
+        library = gemm_library(op, plan)
+        parts = [gemm_time_s(cluster.gpu, m, n, k, precision, g, library=library) for m, n, k in passes]
         dgrad = sum(parts[0::2]) / max(sum(parts), 1e-30)
         out[(op.name, "dgrad")], out[(op.name, "wgrad")] = t * dgrad, t * (1 - dgrad)
     return out
