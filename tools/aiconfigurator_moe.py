@@ -6,6 +6,8 @@ git), with `pyarrow` installed (`$SHARDSCOPE` is this repository):
 
     python $SHARDSCOPE/tools/aiconfigurator_moe.py > $SHARDSCOPE/validation/moe_measured_aiconfigurator.csv
     python $SHARDSCOPE/tools/aiconfigurator_moe.py --serving > $SHARDSCOPE/validation/moe_tp_measured_aiconfigurator.csv
+    python $SHARDSCOPE/tools/aiconfigurator_moe.py --serving-fp4 \
+        > $SHARDSCOPE/validation/moe_fp4_measured_aiconfigurator.csv
 
 Each row of `aic-core/src/aiconfigurator_core/systems/data/<gpu>/moe/trtllm/1.3.0rc20/moe_perf.parquet`
 is one `moe.forward(hidden_states, router_logits)` (collector/trtllm/collect_moe.py): routing from given
@@ -19,6 +21,9 @@ GPU holds a 1/TP slice of every expert and sees every token), 16-2048 tokens (de
 chunks), in BF16 and per-tensor FP8, at the four shapes with per-tensor FP8 measurements (not
 DeepSeek-V3): TRT-LLM 1.3.0rc20's CUTLASS kernels on H100 and H200, and vLLM 0.19.0's Triton `fused_moe`
 on H100 (`moe/vllm/0.19.0/moe_perf.parquet`, collector/vllm/collect_moe.py).
+
+`--serving-fp4` keeps the same serving rows of TRT-LLM 1.3.0rc20's NVFP4 CUTLASS kernels on B200 and GB200,
+at those four shapes and Llama 4 Scout's (16 experts, top-1).
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ SHAPES = {
 SYSTEMS = {"h100_sxm": "H100", "b200_sxm": "B200", "gb200": "GB200"}
 KERNELS = {"bfloat16": "moe_torch_flow_cutlass", "fp8_block": "deepgemm"}
 VERSION = "1.3.0rc20"
+FP4_SHAPES = {**{k: v for k, v in SHAPES.items() if v not in ("deepseek-v3",)}, (5120, 8192, 1, 16): "llama4-scout"}
+FP4_SYSTEMS = {"b200_sxm": "B200", "gb200": "GB200"}
 # (system, GPU, engine directory, release, kernel) of each serving table
 SERVING_TABLES = (
     ("h100_sxm", "H100", "trtllm", VERSION, "moe_torch_flow_cutlass"),
@@ -90,10 +97,29 @@ def serving() -> None:
                           r["num_tokens"], *shape, r["moe_tp_size"], round(r["latency"], 6)])  # fmt: skip
 
 
+def serving_fp4() -> None:
+    out = csv.writer(sys.stdout, lineterminator="\n")
+    out.writerow(["gpu", "engine", "dtype", "kernel", "model", "num_tokens", "hidden", "inter", "top_k", "experts",
+                  "moe_tp", "latency_ms"])  # fmt: skip
+    for system, gpu in FP4_SYSTEMS.items():
+        for r in read_table(system, "moe", "trtllm", VERSION):
+            shape = (r["hidden_size"], r["inter_size"], r["topk"], r["num_experts"])
+            if shape not in FP4_SHAPES or r["distribution"] != "balanced" or r["moe_ep_size"] != 1:
+                continue
+            if r["moe_dtype"] != "nvfp4" or r["kernel_source"] != "moe_torch_flow_cutlass":
+                continue
+            if r["moe_tp_size"] not in (1, 2, 4, 8) or not 16 <= r["num_tokens"] <= 2048:
+                continue
+            out.writerow([gpu, f"trtllm@{VERSION}", "nvfp4", r["kernel_source"], FP4_SHAPES[shape],
+                          r["num_tokens"], *shape, r["moe_tp_size"], round(r["latency"], 6)])  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--serving", action="store_true", help="the TP-sharded serving shapes")
-    serving() if ap.parse_args().serving else training()
+    ap.add_argument("--serving-fp4", action="store_true", help="the same, NVFP4 on Blackwell")
+    args = ap.parse_args()
+    serving_fp4() if args.serving_fp4 else serving() if args.serving else training()
 
 
 if __name__ == "__main__":

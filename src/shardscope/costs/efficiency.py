@@ -151,7 +151,7 @@ def gemm_fraction(
     `groups` > 1: one grouped kernel over that many (M, N, K) problems (MoE experts): each problem is
     tiled on its own and all their tiles share the waves. `library`: the kernel library where it sets the
     sustained fraction (`GPU.matmul_fraction`)."""
-    sustained = gpu.matmul_fraction(precision, library)
+    sustained = gpu.matmul_fraction(precision, library, groups > 1)
     if m <= 0 or n <= 0 or k <= 0:
         return sustained
     tm, tn = GEMM_TILE.get(gpu.arch, (128, 128))

@@ -48,6 +48,8 @@ class GPU:
     fp8_cublaslt_matmul_sustained_fraction: float | None = None
     fp4_tflops: float | None = None  # dense FP4 (NVFP4) tensor peak; None where the chip has no FP4 tensor cores
     fp4_matmul_sustained_fraction: float | None = None
+    # NVFP4 grouped (MoE) GEMMs, measured slower than dense ones; None: the FP4 fraction
+    fp4_grouped_matmul_sustained_fraction: float | None = None
     attention_fwd_scale: float = 1.0  # flash-attention forward speed over its architecture's figures
     pcie_gbps: float = 25.0  # host link per GPU per direction (achieved)
     tdp_w: float | None = None  # board power limit the sustained fractions were measured at
@@ -63,11 +65,14 @@ class GPU:
     # memoised costs of a profiled GPU are never those of the bare one.
     profile: Profile | None = None
 
-    def matmul_fraction(self, precision: str, library: str = "") -> float:
+    def matmul_fraction(self, precision: str, library: str = "", grouped: bool = False) -> float:
         """Sustained fraction of the datasheet peak that large GEMMs of this precision reach (FP4 where
-        unmeasured: FP8's); `library` "cublaslt": FP8 GEMMs issued through cuBLASLt."""
+        unmeasured: FP8's); `library` "cublaslt": FP8 GEMMs issued through cuBLASLt; `grouped`: one grouped
+        kernel over many problems (MoE experts)."""
         if precision == "fp8" and library == "cublaslt" and self.fp8_cublaslt_matmul_sustained_fraction:
             return self.fp8_cublaslt_matmul_sustained_fraction
+        if precision == "fp4" and grouped and self.fp4_grouped_matmul_sustained_fraction:
+            return self.fp4_grouped_matmul_sustained_fraction
         if precision == "fp4" and self.fp4_matmul_sustained_fraction:
             return self.fp4_matmul_sustained_fraction
         if precision in ("fp8", "fp4") and self.fp8_matmul_sustained_fraction:
@@ -155,9 +160,10 @@ def power_capped(gpu: GPU, watts: float) -> GPU:
         raise ShardscopeError(f"--power-limit needs the GPU's TDP, which the catalog lacks for {gpu.name}")
     ratio = min(1.0, (watts / gpu.tdp_w) ** (1 / 3))
     fp8, fp4 = gpu.fp8_matmul_sustained_fraction, gpu.fp4_matmul_sustained_fraction
-    cublaslt = gpu.fp8_cublaslt_matmul_sustained_fraction
+    cublaslt, grouped = gpu.fp8_cublaslt_matmul_sustained_fraction, gpu.fp4_grouped_matmul_sustained_fraction
     return replace(
         gpu,
+        fp4_grouped_matmul_sustained_fraction=grouped * ratio if grouped else grouped,
         matmul_sustained_fraction=gpu.matmul_sustained_fraction * ratio,
         fp8_matmul_sustained_fraction=fp8 * ratio if fp8 else fp8,
         fp8_cublaslt_matmul_sustained_fraction=cublaslt * ratio if cublaslt else cublaslt,
