@@ -732,3 +732,26 @@ def test_held_out_serving_rows_are_all_predicted() -> None:
     assert report.skipped == [] and len(report.rows) == 340
     assert {r.engine for r in report.rows} == {"trtllm@0.14", "trtllm@1.0"}
     assert {r.gpu for r in report.rows} == {"H100", "H200", "B200", "GB200", "RTX-PRO-6000"}
+
+
+def test_trtllm_fp8_linears_run_in_cublaslt_as_measured_on_blackwell():
+    """TRT-LLM's per-tensor FP8 Linear runs cuBLASLt (`Engine.fp8_gemm_library`), measured on Blackwell at
+    0.78-0.82 of the DeepGEMM rate the catalog's FP8 fraction is: an FP8 Llama decode step on a B200 is
+    slower under TRT-LLM than under vLLM's CUTLASS GEMMs, by less than the GEMMs' own ratio; on an H100,
+    whose per-tensor table is the FP8 fit, and in BF16 the two price the GEMMs alike."""
+    from shardscope.serve import cost as serve_cost
+    from shardscope.serve.engine import load_engine
+
+    model = load_model("llama3.1-70b")
+
+    def decode_s(gpu: str, engine: str, precision: str) -> float:
+        cluster = make_cluster(gpu, 8)
+        d = serve_cost.Deployment(model, cluster, 8, precision)
+        return serve_cost.IterationCost(d, load_engine(engine, cluster.gpu)).decode_time_s(256, 2048, 0)
+
+    b200 = decode_s("B200", "trtllm", "fp8") / decode_s("B200", "vllm", "fp8")
+    assert 1.02 < b200 < 1.0 / 0.8
+    for gpu, precision in (("H100", "fp8"), ("B200", "bf16")):
+        # same GEMMs: the engines differ only in their other per-iteration costs, the same for both dtypes
+        ratio = decode_s(gpu, "trtllm", precision) / decode_s(gpu, "vllm", precision)
+        assert ratio == pytest.approx(decode_s(gpu, "trtllm", "bf16") / decode_s(gpu, "vllm", "bf16"), rel=0.02)

@@ -211,15 +211,23 @@ def expected_experts_hit(experts: int, top_k: int, tokens: int) -> float:
 
 
 def gemm_s(
-    gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", groups: int = 1, weight_bytes: float | None = None
+    gpu: GPU,
+    m: int,
+    n: int,
+    k: int,
+    precision: str = "bf16",
+    groups: int = 1,
+    weight_bytes: float | None = None,
+    library: str = "",
 ) -> float:
     """One GEMM's time: measured (interpolated) where the GPU carries a profile that covers the shape and the
     weights are in the GEMM's own precision (`--profile`; decode-sized GEMMs run at the weights' read rate
-    there), else the roofline model; `weight_bytes`: a weight's bytes where the kernel dequantizes them."""
+    there), else the roofline model; `weight_bytes`: a weight's bytes where the kernel dequantizes them;
+    `library`: the kernel library (`Engine.fp8_gemm_library`)."""
     own = weight_bytes is None or weight_bytes == OPERAND_BYTES.get(precision, 2.0)
     if own and gpu.profile is not None and (t := gpu.profile.gemm_s(m, n, k, precision, groups)) is not None:
         return t
-    return gemm_time_s(gpu, m, n, k, precision, groups, weight_bytes)
+    return gemm_time_s(gpu, m, n, k, precision, groups, weight_bytes, library)
 
 
 def fused_moe_extras_s(gpu: GPU, tokens: int, pairs: int, hidden: int, act_width: int, local_experts: int) -> float:
@@ -293,12 +301,13 @@ class IterationCost:
             return t
         m, gpu, tp = self.d.model, self.d.cluster.gpu, self.d.tp
         p, w = self.dense_gemm
+        lib = self.engine.fp8_gemm_library if p == "fp8" else ""
         h, mats = m.hidden, (3 if m.mlp == "swiglu" else 2)
-        t = m.layers * gemm_s(gpu, tokens, self.attn_cols, h, p, 1, w)
+        t = m.layers * gemm_s(gpu, tokens, self.attn_cols, h, p, 1, w, lib)
         if self.dense_layers:
             f = max(1, m.ffn_hidden // tp)
             t += self.dense_layers * (
-                gemm_s(gpu, tokens, (mats - 1) * f, h, p, 1, w) + gemm_s(gpu, tokens, h, f, p, 1, w)
+                gemm_s(gpu, tokens, (mats - 1) * f, h, p, 1, w, lib) + gemm_s(gpu, tokens, h, f, p, 1, w, lib)
             )
         if self.moe_layers and m.moe is not None:
             moe = m.moe
@@ -309,7 +318,8 @@ class IterationCost:
             layer += self.routed_experts_s(tokens)
             if moe.shared_experts:
                 fs = max(1, moe.shared_experts * moe.shared_ffn // tp)
-                layer += gemm_s(gpu, tokens, (mats - 1) * fs, h, p, 1, w) + gemm_s(gpu, tokens, h, fs, p, 1, w)
+                layer += gemm_s(gpu, tokens, (mats - 1) * fs, h, p, 1, w, lib)
+                layer += gemm_s(gpu, tokens, h, fs, p, 1, w, lib)
             t += self.moe_layers * layer
         if sampled:
             t += gemm_s(gpu, sampled, max(1, m.vocab // tp), h, "bf16")

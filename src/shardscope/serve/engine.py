@@ -53,6 +53,9 @@ class Engine:
     # radix cache): a request starts from them and holds them shared
     prefix_caching: bool = False
     prefix_cached_at_schedule: bool = False  # a prefix is shared once scheduled (vLLM), not once computed
+    # the library the engine's dense per-tensor FP8 GEMMs run in ("cublaslt"; "": the kernels the catalog's FP8
+    # fraction was measured on), where a GPU measures them apart (`GPU.matmul_fraction`)
+    fp8_gemm_library: str = ""
 
     def serving_model(self, spec: ModelSpec) -> ModelSpec:
         """`spec` as this engine runs it: without its uniform sliding window where the engine leaves it off."""
@@ -134,4 +137,5 @@ def load_engine(spec: str, gpu: GPU) -> Engine:
         kv_window_freed=bool(values.get("kv_window_freed", False)),
         prefix_caching=bool(values.get("prefix_caching", False)),
         prefix_cached_at_schedule=bool(values.get("prefix_cached_at_schedule", False)),
+        fp8_gemm_library=str(values.get("fp8_gemm_library", "")),
     )
