@@ -148,17 +148,26 @@ def load_gpu(name: str) -> GPU:
     return gpu
 
 
+# Share of its rated power below which a GPU's GEMM clock sits at the voltage floor. Above it the voltage
+# follows the clock and dynamic power goes as f·V², so the clock goes as the cube root of the power; below
+# it the voltage cannot drop further and the clock falls in proportion. Fitted on one H100 measurement and
+# checked on a GB300: FBGEMM PR #2546 (H100 at 500 W: BF16 GEMMs of 8k-64k rows 546-585 TFLOP/s, 0.81 of
+# what this catalog gives the 700 W part) and facebookexperimental/triton PR #2023 (GB300: cuBLAS GEMMs
+# ~617 TFLOP/s at 500 W against 1,600-2,174 at 1,400 W, 0.28-0.39; this law gives 0.40, the cube root 0.71).
+VOLTAGE_FLOOR_SHARE = 0.83
+
+
 def power_capped(gpu: GPU, watts: float) -> GPU:
     """`gpu` under a board power cap of `watts` below its TDP: GPU Boost lowers the SM clock until the
-    board draws no more. Dynamic power goes as f·V² with the voltage following the clock, so a dense GEMM's
-    clock, and every compute-bound kernel's speed, scales as (cap / TDP)^(1/3); HBM bandwidth does not
-    change (its clock is separate). Check: the H100 NVL's datasheet (same 132-SM GH100, 400 W) gives 835 of
-    the SXM's 989 dense BF16 TFLOPS (0.84); the cube root of 400/700 is 0.83."""
+    board draws no more, and every compute-bound kernel's speed (GEMMs of each precision, attention) goes
+    with the clock (`VOLTAGE_FLOOR_SHARE`); HBM bandwidth does not change (its clock is separate)."""
     if watts <= 0:
         raise ShardscopeError(f"--power-limit must be positive watts, got {watts:g}")
     if gpu.tdp_w is None:
         raise ShardscopeError(f"--power-limit needs the GPU's TDP, which the catalog lacks for {gpu.name}")
-    ratio = min(1.0, (watts / gpu.tdp_w) ** (1 / 3))
+    share = min(1.0, watts / gpu.tdp_w)
+    floor = VOLTAGE_FLOOR_SHARE
+    ratio = share ** (1 / 3) if share >= floor else floor ** (1 / 3) * share / floor
     fp8, fp4 = gpu.fp8_matmul_sustained_fraction, gpu.fp4_matmul_sustained_fraction
     cublaslt, grouped = gpu.fp8_cublaslt_matmul_sustained_fraction, gpu.fp4_grouped_matmul_sustained_fraction
     return replace(
