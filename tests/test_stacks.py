@@ -423,3 +423,13 @@ def test_each_stack_runs_its_own_loss_over_tp_sharded_logits():
     shard = 4 * 8192 * m.vocab / 8
     assert kept["megatron"] == kept["torchtitan"] == pytest.approx(shard)
     assert kept["nemo-automodel"] == pytest.approx(8 * shard)
+
+
+def test_torchtitan_gathers_fp8_weights_only_under_tensorwise():
+    """torchao's FSDP float8 all-gather is a tensorwise option: torchtitan refuses it with the rowwise
+    recipe, and so does the estimate (one line, exit 2); under tensorwise it gathers FP8 weights."""
+    args = ["estimate", "llama3.1-8b", "--gpus", "8", "--stack", "torchtitan", "--precision", "fp8", "--fp8-all-gather"]
+    r = CliRunner().invoke(app, [*args, "--fp8-recipe", "rowwise"])
+    assert r.exit_code == 2 and "tensorwise" in r.output and "Traceback" not in r.output
+    est = shardscope.estimate("llama3.1-8b", gpus=8, stack="torchtitan", precision="fp8", fp8_all_gather=True)
+    assert est.plan["fp8_all_gather"] and est.plan["fp8_recipe"] == "tensorwise"

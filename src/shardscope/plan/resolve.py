@@ -35,6 +35,14 @@ def stack_plan(model: ModelSpec, cluster: Cluster, stack: Stack | str | None = N
     if pp_reshard is not None and (stated.get("pp") or 1) > 1 and "reshard_after_forward" not in stated:
         defaults["reshard_after_forward"] = pp_reshard  # the framework's policy for pipelined FSDP
     plan = make_plan(model, cluster, **(defaults | stated))
+    gather_recipes = st.value("fp8_all_gather_recipes")
+    if gather_recipes is not None and plan.fp8_params and plan.fp8_recipe not in gather_recipes:
+        if "fp8_all_gather" in stated:
+            raise ShardscopeError(
+                f"stack {st.label} gathers FP8 weights only under the {' or '.join(gather_recipes)} recipe, not "
+                f"{plan.fp8_recipe}: drop --fp8-all-gather or choose --fp8-recipe {gather_recipes[0]}"
+            )
+        plan = evolve(plan, fp8_all_gather=False)
     # the stack's conditional settings, where the plan allows them and the user did not set them
     for key, value in conditional.items():
         if key in stated or not value:

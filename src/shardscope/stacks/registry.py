@@ -21,10 +21,11 @@ from shardscope.errors import ShardscopeError
 # ZeRO-1), the shardings the framework offers (`shardings`: what a plan search tries, `planner.space`) and
 # the FLOP counter of the framework's own throughput report (`flops_attention`: causal | full;
 # `flops_exact_glu_window`), `pp_reshard_after_forward` (FSDP's reshard-after-forward where the plan is
-# pipelined and the user sets none: `plan.resolve`) and `moe_model_code` (plan fields the framework sets
-# differently for MoE models, which it runs with model code of its own).
+# pipelined and the user sets none: `plan.resolve`), `moe_model_code` (plan fields the framework sets
+# differently for MoE models, which it runs with model code of its own) and `fp8_all_gather_recipes` (the FP8
+# recipes under which the framework can gather weights in FP8; absent: every recipe).
 STACK_ONLY_KEYS = ("sharding", "shardings", "flops_attention", "flops_exact_glu_window", "pp_reshard_after_forward",
-                   "moe_model_code")  # fmt: skip
+                   "moe_model_code", "fp8_all_gather_recipes")  # fmt: skip
 SHARDINGS = ("ddp", "zero1", "fsdp")
 # The stack of a run that names none: Megatron-Core with Transformer Engine, as its examples run it.
 DEFAULT_STACK = "megatron"
