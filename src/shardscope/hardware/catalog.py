@@ -172,11 +172,11 @@ def power_capped(gpu: GPU, watts: float) -> GPU:
     cublaslt, grouped = gpu.fp8_cublaslt_matmul_sustained_fraction, gpu.fp4_grouped_matmul_sustained_fraction
     return replace(
         gpu,
-        fp4_grouped_matmul_sustained_fraction=grouped * ratio if grouped else grouped,
         matmul_sustained_fraction=gpu.matmul_sustained_fraction * ratio,
         fp8_matmul_sustained_fraction=fp8 * ratio if fp8 else fp8,
         fp8_cublaslt_matmul_sustained_fraction=cublaslt * ratio if cublaslt else cublaslt,
         fp4_matmul_sustained_fraction=fp4 * ratio if fp4 else fp4,
+        fp4_grouped_matmul_sustained_fraction=grouped * ratio if grouped else grouped,
         notes=f"{gpu.notes} Power-capped at {watts:g} W (compute clocks x{ratio:.3f}).".strip(),
     )
 
