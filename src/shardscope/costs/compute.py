@@ -19,7 +19,7 @@ from shardscope.costs.efficiency import (
 from shardscope.graph.common import OpGroup
 from shardscope.graph.fp8 import QUANT_KERNELS
 from shardscope.graph.ops import Op
-from shardscope.hardware.catalog import GPU
+from shardscope.hardware.catalog import CUBLASLT, GPU
 from shardscope.plan.plan import Plan
 
 # Transformer Engine issues a grouped GEMM's per-expert GEMMs and quantizations round-robin over four
@@ -89,7 +89,7 @@ def gemm_passes(op: Op, backward: bool, plan: Plan) -> tuple[str, int, list[tupl
 # Training frameworks issue every FP8 GEMM through cuBLASLt: Transformer Engine for each recipe
 # (common/gemm/cublaslt_gemm.cu), torchao through `torch._scaled_mm`. Only its per-tensor GEMMs are measured on
 # Blackwell (aiconfigurator's TRT-LLM FP8 Linear, `cublas_scaled_mm`): MXFP8 and block scaling take that rate.
-TRAINING_FP8_LIBRARY = "cublaslt"
+TRAINING_FP8_LIBRARY = CUBLASLT
 
 
 def gemm_library(op: Op, plan: Plan) -> str:

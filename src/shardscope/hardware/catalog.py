@@ -27,6 +27,10 @@ SCALEUP_LATENCY_S = 3e-6
 SCALEOUT_LATENCY_S = 8e-6
 
 
+# The kernel library named where a GPU measures its FP8 GEMMs apart (`GPU.matmul_fraction`)
+CUBLASLT = "cublaslt"
+
+
 @dataclass(frozen=True, slots=True)
 class GPU:
     name: str
@@ -67,9 +71,9 @@ class GPU:
 
     def matmul_fraction(self, precision: str, library: str = "", grouped: bool = False) -> float:
         """Sustained fraction of the datasheet peak that large GEMMs of this precision reach (FP4 where
-        unmeasured: FP8's); `library` "cublaslt": FP8 GEMMs issued through cuBLASLt; `grouped`: one grouped
+        unmeasured: FP8's); `library` `CUBLASLT`: FP8 GEMMs issued through cuBLASLt; `grouped`: one grouped
         kernel over many problems (MoE experts)."""
-        if precision == "fp8" and library == "cublaslt" and self.fp8_cublaslt_matmul_sustained_fraction:
+        if precision == "fp8" and library == CUBLASLT and self.fp8_cublaslt_matmul_sustained_fraction:
             return self.fp8_cublaslt_matmul_sustained_fraction
         if precision == "fp4" and grouped and self.fp4_grouped_matmul_sustained_fraction:
             return self.fp4_grouped_matmul_sustained_fraction
@@ -168,15 +172,17 @@ def power_capped(gpu: GPU, watts: float) -> GPU:
     share = min(1.0, watts / gpu.tdp_w)
     floor = VOLTAGE_FLOOR_SHARE
     ratio = share ** (1 / 3) if share >= floor else floor ** (1 / 3) * share / floor
-    fp8, fp4 = gpu.fp8_matmul_sustained_fraction, gpu.fp4_matmul_sustained_fraction
-    cublaslt, grouped = gpu.fp8_cublaslt_matmul_sustained_fraction, gpu.fp4_grouped_matmul_sustained_fraction
+
+    def slowed(fraction: float | None) -> float | None:
+        return fraction * ratio if fraction else fraction
+
     return replace(
         gpu,
         matmul_sustained_fraction=gpu.matmul_sustained_fraction * ratio,
-        fp8_matmul_sustained_fraction=fp8 * ratio if fp8 else fp8,
-        fp8_cublaslt_matmul_sustained_fraction=cublaslt * ratio if cublaslt else cublaslt,
-        fp4_matmul_sustained_fraction=fp4 * ratio if fp4 else fp4,
-        fp4_grouped_matmul_sustained_fraction=grouped * ratio if grouped else grouped,
+        fp8_matmul_sustained_fraction=slowed(gpu.fp8_matmul_sustained_fraction),
+        fp8_cublaslt_matmul_sustained_fraction=slowed(gpu.fp8_cublaslt_matmul_sustained_fraction),
+        fp4_matmul_sustained_fraction=slowed(gpu.fp4_matmul_sustained_fraction),
+        fp4_grouped_matmul_sustained_fraction=slowed(gpu.fp4_grouped_matmul_sustained_fraction),
         notes=f"{gpu.notes} Power-capped at {watts:g} W (compute clocks x{ratio:.3f}).".strip(),
     )
 

@@ -53,7 +53,7 @@ class Engine:
     # radix cache): a request starts from them and holds them shared
     prefix_caching: bool = False
     prefix_cached_at_schedule: bool = False  # a prefix is shared once scheduled (vLLM), not once computed
-    # the library the engine's dense per-tensor FP8 GEMMs run in ("cublaslt"; "": the kernels the catalog's FP8
+    # the library the engine's dense per-tensor FP8 GEMMs run in (`CUBLASLT`; "": the kernels the catalog's FP8
     # fraction was measured on), where a GPU measures them apart (`GPU.matmul_fraction`)
     fp8_gemm_library: str = ""
 
